@@ -1,0 +1,3 @@
+//! Stand-ins for a Kubernetes cluster (kube-apiserver, kubelet,
+//! kube-scheduler) that speak the real protocols, used by the end-to-end
+//! tests, the benchmarks and the sandbox.

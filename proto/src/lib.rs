@@ -1,0 +1,35 @@
+//! Wire formats gpuslice speaks, with no I/O.
+//!
+//! - [`deviceplugin::v1beta1`] and [`podresources::v1`]: the kubelet gRPC APIs,
+//!   generated at build time from the `.proto` files in `proto/proto/`.
+//! - [`hami`]: the HAMi scheduler ↔ device-plugin annotation protocol as pure
+//!   codecs (see `docs/protocol.md`).
+
+/// Kubelet device plugin API.
+pub mod deviceplugin {
+    /// Kubelet device plugin API, version `v1beta1` (generated).
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    pub mod v1beta1 {
+        tonic::include_proto!("v1beta1");
+
+        /// The API version string sent in `RegisterRequest.version`.
+        pub const VERSION: &str = "v1beta1";
+        /// Device health value for a usable device.
+        pub const HEALTHY: &str = "Healthy";
+        /// Device health value for an unusable device.
+        pub const UNHEALTHY: &str = "Unhealthy";
+        /// Kubelet's registration socket file name inside the device-plugins folder.
+        pub const KUBELET_SOCKET: &str = "kubelet.sock";
+    }
+}
+
+/// Kubelet pod-resources API.
+pub mod podresources {
+    /// Kubelet pod-resources API, version `v1` (generated).
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    pub mod v1 {
+        tonic::include_proto!("v1");
+    }
+}
+
+pub mod hami;
