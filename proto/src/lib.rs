@@ -4,6 +4,8 @@
 //!   generated at build time from the `.proto` files in `proto/proto/`.
 //! - [`hami`]: the HAMi scheduler ↔ device-plugin annotation protocol as pure
 //!   codecs (see `docs/protocol.md`).
+//! - [`settings`]: layered configuration (defaults < file < env < flags) for
+//!   the binaries, merged purely from text the caller read.
 
 /// Kubelet device plugin API.
 pub mod deviceplugin {
@@ -33,3 +35,4 @@ pub mod podresources {
 }
 
 pub mod hami;
+pub mod settings;

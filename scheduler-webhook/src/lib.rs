@@ -3,4 +3,5 @@
 //! the same pure scheduling [`core`].
 
 pub mod core;
+pub mod settings;
 pub mod simulate;
