@@ -1,1 +1,5 @@
-//! gpuslice node daemon.
+//! gpuslice node daemon: serves the kubelet device-plugin API for a node's
+//! GPUs, hands each container its slice (HAMi-core env and mounts), and
+//! publishes the node's GPUs as the HAMi register annotation.
+
+pub mod settings;

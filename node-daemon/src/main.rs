@@ -1,1 +1,56 @@
-fn main() {}
+//! `node-daemon`: parses the command line and config, then runs the daemon.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use node_daemon::settings::{self, Flags};
+
+/// GPU-slice device plugin for one Kubernetes node (HAMi-compatible).
+#[derive(Debug, Parser)]
+#[command(name = "node-daemon", version)]
+struct Cli {
+    /// Config file (YAML or TOML); keys as in docs/configuration.md.
+    #[arg(long, env = "GPUSLICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the effective settings as JSON and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(flatten)]
+    flags: Flags,
+}
+
+/// Exit code for a bad command line or config (sysexits EX_USAGE).
+const EX_USAGE: u8 = 64;
+/// Exit code when the requested service is not available (sysexits EX_UNAVAILABLE).
+const EX_UNAVAILABLE: u8 = 69;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let settings = match settings::load(cli.config.as_deref(), &cli.flags) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("node-daemon: bad configuration: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    if cli.print_config {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&settings).unwrap_or_default()
+        );
+        return ExitCode::SUCCESS;
+    }
+    eprintln!("node-daemon: configuration is valid, but the device plugin is not built yet");
+    ExitCode::from(EX_UNAVAILABLE)
+}

@@ -6,9 +6,10 @@
 //! environment name of a key is its SCREAMING_SNAKE form with the `GPUSLICE_`
 //! prefix (`deviceSplitCount` → `GPUSLICE_DEVICE_SPLIT_COUNT`).
 //!
-//! The caller reads the file and the environment; this module only merges
-//! and validates, so tests never touch the process environment. An unknown
-//! key in the file is an error, not silently ignored.
+//! [`layered`] is pure: the caller passes the file's text and an environment
+//! lookup, so tests never touch the process environment. [`load`] is the
+//! thin shell the binaries use: it reads the file and the real environment.
+//! An unknown key in the file is an error, not silently ignored.
 
 use std::collections::BTreeSet;
 
@@ -56,6 +57,15 @@ pub enum SettingsError {
     /// The defaults could not be represented (a programming error).
     #[error("built-in defaults are not a map of keys")]
     Defaults,
+    /// The config file cannot be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The config file does not parse.
     #[error("config file {origin}: {message}")]
     File {
@@ -190,6 +200,33 @@ where
         .build()
         .and_then(config::Config::try_deserialize)
         .map_err(|e| SettingsError::Value(one_line(&e.to_string())))
+}
+
+/// Reads the config file (if any) and the process environment, and layers
+/// them under `flags` with [`layered`].
+///
+/// # Errors
+/// A [`SettingsError`] with a one-line reason.
+pub fn load<T, F>(file: Option<&std::path::Path>, flags: &F) -> Result<T, SettingsError>
+where
+    T: Serialize + DeserializeOwned + Default,
+    F: Serialize + ?Sized,
+{
+    let origin = file.map(|p| p.display().to_string()).unwrap_or_default();
+    let text = file
+        .map(|path| {
+            std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
+                path: origin.clone(),
+                source,
+            })
+        })
+        .transpose()?;
+    let layer = text.as_deref().map(|text| FileLayer {
+        origin: &origin,
+        text,
+        format: FileFormat::from_file_name(&origin),
+    });
+    layered(layer, &|k| std::env::var(k).ok(), flags)
 }
 
 fn one_line(s: &str) -> String {

@@ -244,15 +244,6 @@ pub struct ServeFlags {
 /// Why `serve` cannot start with the given configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The config file cannot be read.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
     /// The layers do not merge into settings.
     #[error(transparent)]
     Layers(#[from] proto::settings::SettingsError),
@@ -261,27 +252,12 @@ pub enum ConfigError {
     Invalid(#[from] InvalidSetting),
 }
 
-/// Reads the config file (if any) and the process environment, layers them
-/// under `flags`, and validates the result.
+/// Loads the layered settings (see [`proto::settings::load`]) and validates them.
 ///
 /// # Errors
 /// A [`ConfigError`] with a one-line reason.
 pub fn load(file: Option<&std::path::Path>, flags: &ServeFlags) -> Result<Settings, ConfigError> {
-    let text = file
-        .map(|path| {
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.display().to_string(),
-                source,
-            })
-        })
-        .transpose()?;
-    let origin = file.map(|p| p.display().to_string()).unwrap_or_default();
-    let layer = text.as_deref().map(|text| proto::settings::FileLayer {
-        origin: &origin,
-        text,
-        format: proto::settings::FileFormat::from_file_name(&origin),
-    });
-    let settings: Settings = proto::settings::layered(layer, &|k| std::env::var(k).ok(), flags)?;
+    let settings: Settings = proto::settings::load(file, flags)?;
     settings.validate()?;
     Ok(settings)
 }

@@ -1,0 +1,351 @@
+//! The typed configuration of `node-daemon`: keys (HAMi's device-plugin
+//! names where one exists), defaults, command-line flags and validation.
+//!
+//! Layering (defaults < file < `GPUSLICE_…` env < flags) is
+//! [`proto::settings::load`]; this module owns what the keys are and what
+//! makes a value valid.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the GPUs come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceSourceKind {
+    /// NVML (`libnvidia-ml.so.1`, loaded at run time).
+    Nvml,
+    /// GPUs described in the config, for machines without a GPU.
+    Simulated,
+}
+
+/// One simulated GPU, for heterogeneous simulated nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SimulatedGpu {
+    /// Model name as NVML would report it, e.g. `NVIDIA A100-SXM4-40GB`.
+    pub model: String,
+    /// Device memory in MiB.
+    pub memory_mib: u32,
+    /// NUMA node.
+    #[serde(default)]
+    pub numa: u32,
+}
+
+/// GPUs to leave out, by UUID or index (HAMi's `filterdevices`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterDevices {
+    /// UUIDs to skip.
+    pub uuid: Vec<String>,
+    /// Indices to skip.
+    pub index: Vec<u32>,
+}
+
+/// Every setting of `node-daemon`, after layering.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Settings {
+    /// Kubeconfig file; in-cluster configuration when unset.
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (also read from `$NODE_NAME`).
+    pub node_name: Option<String>,
+    /// kubelet's device-plugin folder.
+    pub device_plugin_dir: PathBuf,
+    /// Where the GPUs come from.
+    pub device_source: DeviceSourceKind,
+    /// Number of identical simulated GPUs (with `simulatedGpuModel`, `simulatedGpuMemoryMib`).
+    pub simulated_gpus: u32,
+    /// Model of the identical simulated GPUs.
+    pub simulated_gpu_model: String,
+    /// Memory of the identical simulated GPUs, MiB.
+    pub simulated_gpu_memory_mib: u32,
+    /// Heterogeneous simulated GPUs; used instead of `simulatedGpus` when non-empty.
+    pub simulated_gpu_list: Vec<SimulatedGpu>,
+    /// How many pods may share one GPU.
+    pub device_split_count: u32,
+    /// Factor applied to each GPU's memory (above 1 oversubscribes).
+    pub device_memory_scaling: f64,
+    /// Factor applied to each GPU's cores.
+    pub device_core_scaling: f64,
+    /// Memory in MiB to use when NVML cannot report it.
+    pub pre_configured_device_memory: Option<u32>,
+    /// GPUs to leave out.
+    pub filter_devices: FilterDevices,
+    /// The resource name registered with kubelet.
+    pub resource_name: String,
+    /// Host folder holding HAMi-core (`vgpu/libvgpu.so`, `vgpu/ld.so.preload`).
+    pub hook_path: PathBuf,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            node_name: None,
+            device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            device_source: DeviceSourceKind::Nvml,
+            simulated_gpus: 0,
+            simulated_gpu_model: "NVIDIA A100-SXM4-40GB".to_owned(),
+            simulated_gpu_memory_mib: 40960,
+            simulated_gpu_list: Vec::new(),
+            device_split_count: 10,
+            device_memory_scaling: 1.0,
+            device_core_scaling: 1.0,
+            pre_configured_device_memory: None,
+            filter_devices: FilterDevices::default(),
+            resource_name: "nvidia.com/gpu".to_owned(),
+            hook_path: PathBuf::from("/usr/local"),
+        }
+    }
+}
+
+/// A setting that is well-formed but not acceptable.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum InvalidSetting {
+    /// No node name from flags, config or `$NODE_NAME`.
+    #[error("nodeName is required: pass --node-name or set NODE_NAME")]
+    NodeName,
+    /// A zero split count.
+    #[error("deviceSplitCount must be at least 1")]
+    SplitCount,
+    /// A scaling factor that is not positive.
+    #[error("{key} must be a positive number, got {value}")]
+    Scaling {
+        /// The key.
+        key: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// Simulated source with no GPUs described.
+    #[error(
+        "deviceSource simulated needs GPUs: set simulatedGpus (--simulated-gpus) or simulatedGpuList"
+    )]
+    NoSimulatedGpus,
+    /// A simulated GPU with no memory.
+    #[error("simulated GPU memory must be at least 1 MiB")]
+    SimulatedMemory,
+    /// A resource name that is not `domain/name`.
+    #[error("resourceName must look like vendor.com/gpu, got `{0}`")]
+    ResourceName(String),
+}
+
+impl Settings {
+    /// Fills `nodeName` from `$NODE_NAME` (given as `node_name_env`) when
+    /// unset, then checks every value.
+    ///
+    /// # Errors
+    /// The first [`InvalidSetting`] found.
+    pub fn finish(mut self, node_name_env: Option<String>) -> Result<Self, InvalidSetting> {
+        if self.node_name.as_deref().is_none_or(str::is_empty) {
+            self.node_name = node_name_env.filter(|n| !n.is_empty());
+        }
+        if self.node_name.is_none() {
+            return Err(InvalidSetting::NodeName);
+        }
+        if self.device_split_count == 0 {
+            return Err(InvalidSetting::SplitCount);
+        }
+        for (key, value) in [
+            ("deviceMemoryScaling", self.device_memory_scaling),
+            ("deviceCoreScaling", self.device_core_scaling),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(InvalidSetting::Scaling { key, value });
+            }
+        }
+        if self.device_source == DeviceSourceKind::Simulated {
+            if self.simulated_gpus == 0 && self.simulated_gpu_list.is_empty() {
+                return Err(InvalidSetting::NoSimulatedGpus);
+            }
+            if self.simulated_gpu_memory_mib == 0
+                || self.simulated_gpu_list.iter().any(|g| g.memory_mib == 0)
+            {
+                return Err(InvalidSetting::SimulatedMemory);
+            }
+        }
+        match self.resource_name.split_once('/') {
+            Some((domain, name)) if !domain.is_empty() && !name.is_empty() => {}
+            _ => return Err(InvalidSetting::ResourceName(self.resource_name.clone())),
+        }
+        Ok(self)
+    }
+}
+
+/// Command-line flags; each overrides the config key of the same name
+/// (camelCase) when given.
+#[derive(Debug, Default, clap::Args, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Flags {
+    /// Kubeconfig file [default: in-cluster configuration].
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name [default: $NODE_NAME].
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// kubelet's device-plugin folder [default: /var/lib/kubelet/device-plugins].
+    #[arg(long)]
+    pub device_plugin_dir: Option<PathBuf>,
+    /// Where GPUs come from [default: nvml].
+    #[arg(long, value_enum)]
+    pub device_source: Option<DeviceSourceKind>,
+    /// Number of identical simulated GPUs.
+    #[arg(long)]
+    pub simulated_gpus: Option<u32>,
+    /// Model of the simulated GPUs [default: NVIDIA A100-SXM4-40GB].
+    #[arg(long)]
+    pub simulated_gpu_model: Option<String>,
+    /// Memory of each simulated GPU in MiB [default: 40960].
+    #[arg(long)]
+    pub simulated_gpu_memory_mib: Option<u32>,
+    /// How many pods may share one GPU [default: 10].
+    #[arg(long)]
+    pub device_split_count: Option<u32>,
+    /// Factor applied to each GPU's memory [default: 1].
+    #[arg(long)]
+    pub device_memory_scaling: Option<f64>,
+    /// Factor applied to each GPU's cores [default: 1].
+    #[arg(long)]
+    pub device_core_scaling: Option<f64>,
+    /// Resource name registered with kubelet [default: nvidia.com/gpu].
+    #[arg(long)]
+    pub resource_name: Option<String>,
+    /// Host folder holding HAMi-core [default: /usr/local].
+    #[arg(long)]
+    pub hook_path: Option<PathBuf>,
+}
+
+/// Why the daemon cannot start with the given configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The layers do not merge into settings.
+    #[error(transparent)]
+    Layers(#[from] proto::settings::SettingsError),
+    /// A value is not acceptable.
+    #[error(transparent)]
+    Invalid(#[from] InvalidSetting),
+}
+
+/// Loads the layered settings (see [`proto::settings::load`]), takes the node
+/// name from `$NODE_NAME` when unset, and validates.
+///
+/// # Errors
+/// A [`ConfigError`] with a one-line reason.
+pub fn load(file: Option<&std::path::Path>, flags: &Flags) -> Result<Settings, ConfigError> {
+    let settings: Settings = proto::settings::load(file, flags)?;
+    Ok(settings.finish(std::env::var("NODE_NAME").ok())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::settings::{FileFormat, FileLayer, layered};
+
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn from_yaml(text: &str) -> Result<Settings, proto::settings::SettingsError> {
+        let file = FileLayer {
+            origin: "c.yaml",
+            text,
+            format: FileFormat::Yaml,
+        };
+        layered(Some(file), &no_env, &Flags::default())
+    }
+
+    #[test]
+    fn hami_keys_and_heterogeneous_simulated_gpus_parse() {
+        let s = from_yaml(
+            "nodeName: n1\ndeviceSource: simulated\ndeviceSplitCount: 4\n\
+             deviceMemoryScaling: 1.5\nfilterDevices:\n  uuid: [GPU-x]\n  index: [3]\n\
+             simulatedGpuList:\n  - {model: Tesla T4, memoryMib: 15360}\n  - {model: NVIDIA A10, memoryMib: 23028, numa: 1}\n",
+        )
+        .unwrap()
+        .finish(None)
+        .unwrap();
+        assert_eq!(s.device_source, DeviceSourceKind::Simulated);
+        assert_eq!(s.device_split_count, 4);
+        assert!((s.device_memory_scaling - 1.5).abs() < f64::EPSILON);
+        assert_eq!(s.filter_devices.index, vec![3]);
+        assert_eq!(s.simulated_gpu_list[1].numa, 1);
+    }
+
+    #[test]
+    fn node_name_falls_back_to_the_node_name_variable() {
+        let s = Settings::default().finish(Some("gpu-7".into())).unwrap();
+        assert_eq!(s.node_name.as_deref(), Some("gpu-7"));
+        assert_eq!(
+            Settings::default().finish(None),
+            Err(InvalidSetting::NodeName)
+        );
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let file = FileLayer {
+            origin: "c.yaml",
+            text: "deviceSplitCount: 4\n",
+            format: FileFormat::Yaml,
+        };
+        let flags = Flags {
+            device_split_count: Some(7),
+            device_source: Some(DeviceSourceKind::Simulated),
+            ..Flags::default()
+        };
+        let s: Settings = layered(Some(file), &no_env, &flags).unwrap();
+        assert_eq!(s.device_split_count, 7);
+        assert_eq!(s.device_source, DeviceSourceKind::Simulated);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let base = Settings {
+            node_name: Some("n".into()),
+            ..Settings::default()
+        };
+        let cases: Vec<(Settings, InvalidSetting)> = vec![
+            (
+                Settings {
+                    device_split_count: 0,
+                    ..base.clone()
+                },
+                InvalidSetting::SplitCount,
+            ),
+            (
+                Settings {
+                    device_core_scaling: -1.0,
+                    ..base.clone()
+                },
+                InvalidSetting::Scaling {
+                    key: "deviceCoreScaling",
+                    value: -1.0,
+                },
+            ),
+            (
+                Settings {
+                    device_source: DeviceSourceKind::Simulated,
+                    ..base.clone()
+                },
+                InvalidSetting::NoSimulatedGpus,
+            ),
+            (
+                Settings {
+                    resource_name: "gpu".into(),
+                    ..base.clone()
+                },
+                InvalidSetting::ResourceName("gpu".into()),
+            ),
+        ];
+        for (settings, expected) in cases {
+            assert_eq!(settings.finish(None), Err(expected));
+        }
+    }
+
+    #[test]
+    fn unknown_nested_keys_are_rejected() {
+        let err = from_yaml("filterDevices:\n  uuids: [x]\n").unwrap_err();
+        assert!(err.to_string().contains("uuids"), "{err}");
+    }
+}
