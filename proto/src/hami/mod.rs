@@ -2,8 +2,40 @@
 //!
 //! Every value a scheduler or device plugin writes into a node or pod
 //! annotation is a type here with an encoder and a decoder that returns a
-//! typed error instead of panicking.
+//! typed error instead of panicking. Nothing here does I/O or reads a clock:
+//! callers pass "now" in as unix seconds. The protocol itself is described in
+//! `docs/protocol.md`.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`keys`] | every annotation and label key |
+//! | [`register`] | node device list (`hami.io/node-nvidia-register`) |
+//! | [`handshake`] | `hami.io/node-handshake` values |
+//! | [`node_lock`] | `hami.io/mutex.lock` values |
+//! | [`pod_devices`] | `hami.io/vgpu-devices-{to-allocate,allocated}` |
+//! | [`bind`] | `hami.io/bind-phase`, `hami.io/bind-time` (and `vgpu-time`) |
+//! | [`container_contract`] | env and mounts for HAMi-core in a container |
+//! | [`civil_time`] | the date-time type and Go time layouts the values use |
+//! | [`resources`] | extended resource names |
 
+#![warn(missing_docs)]
+
+pub mod bind;
+pub mod civil_time;
+pub mod container_contract;
+pub mod handshake;
+pub mod keys;
+pub mod node_lock;
 pub mod pod_devices;
 pub mod register;
 pub mod resources;
+
+/// Quotes at most 64 characters of `text` in an error message, marking a cut
+/// with `…`, so errors stay short whatever the input.
+pub(crate) fn snippet(text: &str) -> String {
+    const MAX_CHARS: usize = 64;
+    match text.char_indices().nth(MAX_CHARS) {
+        None => text.to_owned(),
+        Some((cut, _)) => format!("{}…", text.get(..cut).unwrap_or_default()),
+    }
+}
