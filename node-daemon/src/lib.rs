@@ -2,4 +2,6 @@
 //! GPUs, hands each container its slice (HAMi-core env and mounts), and
 //! publishes the node's GPUs as the HAMi register annotation.
 
+pub mod devices;
+pub mod ledger;
 pub mod settings;

@@ -1,0 +1,199 @@
+//! Simulated GPUs for machines without one: described in the config
+//! (`simulatedGpus` × `simulatedGpuModel`/`simulatedGpuMemoryMib`, or the
+//! heterogeneous `simulatedGpuList`), with UUIDs derived from the node name
+//! and index so a restarted daemon reports the same GPUs, and a
+//! [`HealthSwitch`] through which tests flip a GPU's health.
+
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use tokio::sync::broadcast;
+
+use super::{DeviceError, DeviceSource, HealthEvent, ReportedGpu};
+use crate::settings::{Settings, SimulatedGpu};
+
+/// Simulated GPUs of one node.
+#[derive(Debug, Clone)]
+pub struct SimulatedDevices {
+    gpus: Vec<ReportedGpu>,
+    switch: HealthSwitch,
+}
+
+/// Flips the health of simulated GPUs; clones share the same GPUs.
+#[derive(Debug, Clone)]
+pub struct HealthSwitch {
+    events: broadcast::Sender<HealthEvent>,
+}
+
+impl HealthSwitch {
+    /// Reports `uuid` as healthy or not to every health watcher; returns
+    /// whether anyone was watching.
+    pub fn set(&self, uuid: &str, healthy: bool) -> bool {
+        self.events
+            .send(HealthEvent {
+                uuid: uuid.to_owned(),
+                healthy,
+            })
+            .is_ok()
+    }
+}
+
+/// A UUID in NVIDIA's shape, `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`,
+/// derived from the node name and the GPU index (FNV-1a then SplitMix64).
+#[must_use]
+pub fn simulated_uuid(node: &str, index: u32) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.bytes().chain([b'/']).chain(index.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (a, b) = (mix(h), mix(h ^ 0x5851_f42d_4c95_7f2d));
+    format!(
+        "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+impl SimulatedDevices {
+    /// The GPUs the settings describe for `node`: `simulatedGpuList` when
+    /// non-empty, otherwise `simulatedGpus` identical ones.
+    #[must_use]
+    pub fn from_settings(settings: &Settings, node: &str) -> Self {
+        let list: Vec<SimulatedGpu> = if settings.simulated_gpu_list.is_empty() {
+            let one = SimulatedGpu {
+                model: settings.simulated_gpu_model.clone(),
+                memory_mib: settings.simulated_gpu_memory_mib,
+                numa: 0,
+            };
+            vec![one; settings.simulated_gpus as usize]
+        } else {
+            settings.simulated_gpu_list.clone()
+        };
+        Self::new(node, &list)
+    }
+
+    /// GPUs `list[i]` at index `i` of `node`.
+    #[must_use]
+    pub fn new(node: &str, list: &[SimulatedGpu]) -> Self {
+        let gpus = (0u32..)
+            .zip(list)
+            .map(|(index, g)| ReportedGpu {
+                uuid: simulated_uuid(node, index),
+                index,
+                model: g.model.clone(),
+                memory_mib: Some(u64::from(g.memory_mib)),
+                numa: i64::from(g.numa),
+            })
+            .collect();
+        let (events, _) = broadcast::channel(64);
+        Self {
+            gpus,
+            switch: HealthSwitch { events },
+        }
+    }
+
+    /// The switch that flips these GPUs' health.
+    #[must_use]
+    pub fn health_switch(&self) -> HealthSwitch {
+        self.switch.clone()
+    }
+}
+
+impl DeviceSource for SimulatedDevices {
+    fn discover(&self) -> Result<Vec<ReportedGpu>, DeviceError> {
+        Ok(self.gpus.clone())
+    }
+
+    fn health_events(&self) -> Result<BoxStream<'static, HealthEvent>, DeviceError> {
+        let rx = self.switch.events.subscribe();
+        Ok(futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(event) => return Some((event, rx)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+        .boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_deterministic_distinct_and_nvidia_shaped() {
+        let a = simulated_uuid("node-a", 0);
+        assert_eq!(a, simulated_uuid("node-a", 0));
+        assert_ne!(a, simulated_uuid("node-a", 1));
+        assert_ne!(a, simulated_uuid("node-b", 0));
+        let groups: Vec<usize> = a.split('-').map(str::len).collect();
+        assert_eq!(groups, vec![3, 8, 4, 4, 4, 12], "{a}");
+        assert!(a.starts_with("GPU-"));
+        assert!(
+            a[4..]
+                .bytes()
+                .all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        );
+    }
+
+    #[test]
+    fn identical_gpus_from_count_and_heterogeneous_from_list() {
+        let s = Settings {
+            simulated_gpus: 3,
+            simulated_gpu_model: "Tesla T4".into(),
+            simulated_gpu_memory_mib: 15_360,
+            ..Settings::default()
+        };
+        let gpus = SimulatedDevices::from_settings(&s, "n").discover().unwrap();
+        assert_eq!(gpus.len(), 3);
+        assert_eq!(gpus[2].index, 2);
+        assert_eq!(gpus[2].memory_mib, Some(15_360));
+        let s = Settings {
+            simulated_gpu_list: vec![SimulatedGpu {
+                model: "NVIDIA A10".into(),
+                memory_mib: 23_028,
+                numa: 1,
+            }],
+            ..s
+        };
+        let gpus = SimulatedDevices::from_settings(&s, "n").discover().unwrap();
+        assert_eq!(gpus.len(), 1);
+        assert_eq!((gpus[0].model.as_str(), gpus[0].numa), ("NVIDIA A10", 1));
+    }
+
+    #[tokio::test]
+    async fn health_switch_reaches_every_watcher() {
+        let src = SimulatedDevices::new(
+            "n",
+            &[SimulatedGpu {
+                model: "A".into(),
+                memory_mib: 1,
+                numa: 0,
+            }],
+        );
+        let uuid = src.discover().unwrap()[0].uuid.clone();
+        let switch = src.health_switch();
+        assert!(!switch.set(&uuid, false), "nobody watches yet");
+        let mut first = src.health_events().unwrap();
+        let mut second = src.health_events().unwrap();
+        assert!(switch.set(&uuid, false));
+        let expected = HealthEvent {
+            uuid,
+            healthy: false,
+        };
+        assert_eq!(first.next().await, Some(expected.clone()));
+        assert_eq!(second.next().await, Some(expected));
+    }
+}

@@ -1,0 +1,402 @@
+//! The slice ledger of one physical GPU: which container holds how much of
+//! it (one slot, MiB of memory, percent of compute), keyed by pod UID and
+//! container index. Pure: no actix, no I/O; `GpuActor` is its only owner.
+//!
+//! Invariant, kept by construction: the sums over all holdings never exceed
+//! the GPU's capacity (slots = `deviceSplitCount`, memory, cores). A commit
+//! that would break it is refused with a typed [`LedgerError`] and leaves the
+//! ledger unchanged. The scheduler's exclusivity rules (spec §5: a 100 %
+//! core slice needs an otherwise empty card; a 0 % slice cannot join a card
+//! whose cores are all taken) are enforced too, so the node never accepts
+//! what HAMi's filter would refuse.
+
+use std::collections::BTreeMap;
+
+/// Who holds a slice: a pod UID and the container's index in HAMi's order
+/// (init containers first, then app containers).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SliceKey {
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The container index (init containers first).
+    pub container: usize,
+}
+
+/// What one container holds of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Slice {
+    /// Device memory in MiB.
+    pub memory_mib: u32,
+    /// Compute in percent.
+    pub cores: u32,
+}
+
+/// What a GPU offers: slots, memory and cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    /// How many containers may share the GPU.
+    pub slots: u32,
+    /// Device memory in MiB.
+    pub memory_mib: u32,
+    /// Compute in percent (100 = one card).
+    pub cores: u32,
+}
+
+/// What is held of a GPU: sums over every holding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Holdings (one slot each).
+    pub slots: u32,
+    /// Memory held, MiB.
+    pub memory_mib: u64,
+    /// Cores held, percent.
+    pub cores: u64,
+}
+
+/// The outcome of a successful commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// The slice is now held.
+    New,
+    /// The key already held exactly this slice (a replay, e.g. after a
+    /// restart rebuilt the ledger); nothing changed.
+    AlreadyHeld,
+}
+
+/// Why a commit was refused. The ledger is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// Every slot is taken.
+    #[error("all {slots} slots are taken")]
+    NoSlot {
+        /// The split count.
+        slots: u32,
+    },
+    /// Not enough free memory.
+    #[error("{requested} MiB requested, {free} MiB free")]
+    Memory {
+        /// Requested MiB.
+        requested: u32,
+        /// Free MiB.
+        free: u64,
+    },
+    /// Not enough free cores.
+    #[error("{requested}% cores requested, {free}% free")]
+    Cores {
+        /// Requested percent.
+        requested: u32,
+        /// Free percent.
+        free: u64,
+    },
+    /// A whole-card (100 %) slice on a card someone else uses.
+    #[error("100% cores needs the card to itself; {holders} slice(s) already on it")]
+    Exclusive {
+        /// Holdings already on the card.
+        holders: u32,
+    },
+    /// A 0 % slice on a card whose cores are all taken.
+    #[error("every core of the card is taken; a 0% slice cannot share it")]
+    CoresExhausted,
+    /// The key already holds a different slice.
+    #[error("pod {} container {} already holds {held:?}, not {requested:?}", key.pod_uid, key.container)]
+    Conflict {
+        /// The key.
+        key: SliceKey,
+        /// What it holds.
+        held: Slice,
+        /// What was asked.
+        requested: Slice,
+    },
+}
+
+/// The ledger of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceLedger {
+    capacity: Capacity,
+    held: BTreeMap<SliceKey, Slice>,
+    usage: Usage,
+}
+
+impl SliceLedger {
+    /// An empty ledger for a GPU of `capacity`.
+    #[must_use]
+    pub fn new(capacity: Capacity) -> Self {
+        Self {
+            capacity,
+            held: BTreeMap::new(),
+            usage: Usage::default(),
+        }
+    }
+
+    /// The GPU's capacity.
+    #[must_use]
+    pub fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    /// The sums over every holding.
+    #[must_use]
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Every holding, in key order.
+    pub fn holdings(&self) -> impl Iterator<Item = (&SliceKey, &Slice)> {
+        self.held.iter()
+    }
+
+    /// Whether `slice` could be committed for a new key now.
+    ///
+    /// # Errors
+    /// The [`LedgerError`] a commit would return.
+    pub fn check(&self, slice: Slice) -> Result<(), LedgerError> {
+        let Capacity {
+            slots,
+            memory_mib,
+            cores,
+        } = self.capacity;
+        let used = self.usage;
+        if used.slots >= slots {
+            return Err(LedgerError::NoSlot { slots });
+        }
+        let free_memory = u64::from(memory_mib).saturating_sub(used.memory_mib);
+        if u64::from(slice.memory_mib) > free_memory {
+            return Err(LedgerError::Memory {
+                requested: slice.memory_mib,
+                free: free_memory,
+            });
+        }
+        let free_cores = u64::from(cores).saturating_sub(used.cores);
+        if u64::from(slice.cores) > free_cores {
+            return Err(LedgerError::Cores {
+                requested: slice.cores,
+                free: free_cores,
+            });
+        }
+        if cores == 100 && slice.cores == 100 && used.slots > 0 {
+            return Err(LedgerError::Exclusive {
+                holders: used.slots,
+            });
+        }
+        if slice.cores == 0 && cores > 0 && free_cores == 0 {
+            return Err(LedgerError::CoresExhausted);
+        }
+        Ok(())
+    }
+
+    /// Holds `slice` for `key`, or refuses and changes nothing.
+    ///
+    /// # Errors
+    /// A [`LedgerError`] saying which limit the slice would break, or
+    /// [`LedgerError::Conflict`] when `key` holds a different slice.
+    pub fn commit(&mut self, key: SliceKey, slice: Slice) -> Result<Committed, LedgerError> {
+        if let Some(held) = self.held.get(&key) {
+            return if *held == slice {
+                Ok(Committed::AlreadyHeld)
+            } else {
+                Err(LedgerError::Conflict {
+                    key,
+                    held: *held,
+                    requested: slice,
+                })
+            };
+        }
+        self.check(slice)?;
+        self.usage.slots += 1;
+        self.usage.memory_mib += u64::from(slice.memory_mib);
+        self.usage.cores += u64::from(slice.cores);
+        self.held.insert(key, slice);
+        Ok(Committed::New)
+    }
+
+    /// Frees what `key` holds; `None` if it held nothing.
+    pub fn release(&mut self, key: &SliceKey) -> Option<Slice> {
+        let slice = self.held.remove(key)?;
+        self.usage.slots -= 1;
+        self.usage.memory_mib -= u64::from(slice.memory_mib);
+        self.usage.cores -= u64::from(slice.cores);
+        Some(slice)
+    }
+
+    /// Frees every slice of pod `pod_uid`; returns how many were held.
+    pub fn release_pod(&mut self, pod_uid: &str) -> usize {
+        let keys: Vec<SliceKey> = self
+            .held
+            .keys()
+            .filter(|k| k.pod_uid == pod_uid)
+            .cloned()
+            .collect();
+        keys.iter().filter(|k| self.release(k).is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn key(pod: &str, container: usize) -> SliceKey {
+        SliceKey {
+            pod_uid: pod.into(),
+            container,
+        }
+    }
+
+    fn slice(memory_mib: u32, cores: u32) -> Slice {
+        Slice { memory_mib, cores }
+    }
+
+    fn gpu(slots: u32, memory_mib: u32, cores: u32) -> SliceLedger {
+        SliceLedger::new(Capacity {
+            slots,
+            memory_mib,
+            cores,
+        })
+    }
+
+    #[test]
+    fn each_limit_is_named_when_exceeded() {
+        let mut l = gpu(2, 1000, 100);
+        assert_eq!(l.commit(key("a", 0), slice(600, 30)), Ok(Committed::New));
+        assert_eq!(
+            l.commit(key("b", 0), slice(500, 10)),
+            Err(LedgerError::Memory {
+                requested: 500,
+                free: 400
+            })
+        );
+        assert_eq!(
+            l.commit(key("b", 0), slice(100, 80)),
+            Err(LedgerError::Cores {
+                requested: 80,
+                free: 70
+            })
+        );
+        assert_eq!(l.commit(key("b", 0), slice(100, 10)), Ok(Committed::New));
+        assert_eq!(
+            l.commit(key("c", 0), slice(1, 1)),
+            Err(LedgerError::NoSlot { slots: 2 })
+        );
+        assert_eq!(
+            l.usage(),
+            Usage {
+                slots: 2,
+                memory_mib: 700,
+                cores: 40
+            }
+        );
+    }
+
+    #[test]
+    fn replaying_the_same_commit_is_idempotent_and_a_different_one_conflicts() {
+        let mut l = gpu(4, 1000, 100);
+        l.commit(key("a", 1), slice(100, 10)).unwrap();
+        assert_eq!(
+            l.commit(key("a", 1), slice(100, 10)),
+            Ok(Committed::AlreadyHeld)
+        );
+        assert_eq!(l.usage().slots, 1);
+        assert!(matches!(
+            l.commit(key("a", 1), slice(200, 10)),
+            Err(LedgerError::Conflict { .. })
+        ));
+    }
+
+    #[test]
+    fn whole_card_slices_are_exclusive() {
+        let mut l = gpu(10, 1000, 100);
+        l.commit(key("a", 0), slice(100, 0)).unwrap();
+        assert_eq!(
+            l.commit(key("b", 0), slice(100, 100)),
+            Err(LedgerError::Exclusive { holders: 1 })
+        );
+        l.release(&key("a", 0));
+        l.commit(key("b", 0), slice(100, 100)).unwrap();
+        assert_eq!(
+            l.commit(key("c", 0), slice(100, 0)),
+            Err(LedgerError::CoresExhausted)
+        );
+    }
+
+    #[test]
+    fn release_pod_frees_every_container_of_that_pod_only() {
+        let mut l = gpu(10, 1000, 100);
+        l.commit(key("a", 0), slice(100, 10)).unwrap();
+        l.commit(key("a", 2), slice(100, 10)).unwrap();
+        l.commit(key("b", 0), slice(100, 10)).unwrap();
+        assert_eq!(l.release_pod("a"), 2);
+        assert_eq!(
+            l.usage(),
+            Usage {
+                slots: 1,
+                memory_mib: 100,
+                cores: 10
+            }
+        );
+        assert_eq!(l.release(&key("a", 0)), None);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Commit(u8, u8, Slice),
+        Release(u8, u8),
+        ReleasePod(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let slice = (0u32..700, prop_oneof![Just(0u32), 0u32..=100]).prop_map(|(m, c)| slice(m, c));
+        prop_oneof![
+            4 => (0u8..6, 0u8..3, slice).prop_map(|(p, c, s)| Op::Commit(p, c, s)),
+            2 => (0u8..6, 0u8..3).prop_map(|(p, c)| Op::Release(p, c)),
+            1 => (0u8..6).prop_map(Op::ReleasePod),
+        ]
+    }
+
+    proptest! {
+        /// No interleaving of commits and releases over-commits the GPU, the
+        /// usage always equals the sum of the holdings, a refused commit
+        /// changes nothing, and a commit is refused only when it does not fit.
+        #[test]
+        fn no_interleaving_over_commits(
+            slots in 1u32..6, memory in 1u32..3000, cores in prop_oneof![Just(100u32), 1u32..300],
+            ops in proptest::collection::vec(op(), 1..80),
+        ) {
+            let mut l = gpu(slots, memory, cores);
+            for op in ops {
+                let before = l.clone();
+                match op {
+                    Op::Commit(p, c, s) => {
+                        let k = key(&p.to_string(), c.into());
+                        match l.commit(k.clone(), s) {
+                            Ok(Committed::New) => prop_assert!(before.check(s).is_ok()),
+                            Ok(Committed::AlreadyHeld) => prop_assert_eq!(&l, &before),
+                            Err(LedgerError::Conflict { .. }) => prop_assert_eq!(&l, &before),
+                            Err(e) => {
+                                prop_assert_eq!(&l, &before);
+                                let fits = before.usage.slots < slots
+                                    && before.usage.memory_mib + u64::from(s.memory_mib) <= u64::from(memory)
+                                    && before.usage.cores + u64::from(s.cores) <= u64::from(cores)
+                                    && !(cores == 100 && s.cores == 100 && before.usage.slots > 0)
+                                    && !(s.cores == 0 && before.usage.cores >= u64::from(cores));
+                                prop_assert!(!fits, "refused a fitting slice: {e}");
+                            }
+                        }
+                    }
+                    Op::Release(p, c) => { l.release(&key(&p.to_string(), c.into())); }
+                    Op::ReleasePod(p) => { l.release_pod(&p.to_string()); }
+                }
+                let u = l.usage();
+                prop_assert!(u.slots <= slots);
+                prop_assert!(u.memory_mib <= u64::from(memory));
+                prop_assert!(u.cores <= u64::from(cores));
+                let sum = l.holdings().fold(Usage::default(), |acc, (_, s)| Usage {
+                    slots: acc.slots + 1,
+                    memory_mib: acc.memory_mib + u64::from(s.memory_mib),
+                    cores: acc.cores + u64::from(s.cores),
+                });
+                prop_assert_eq!(u, sum);
+            }
+        }
+    }
+}
