@@ -3,5 +3,8 @@
 //! the same pure scheduling [`core`].
 
 pub mod core;
+pub mod quantity;
 pub mod settings;
+pub mod tls;
 pub mod simulate;
+pub mod webhook;

@@ -1,0 +1,50 @@
+//! The mutating admission webhook (`POST /webhook`).
+//!
+//! [`mutate`] decides for one pod (pure); [`review`] decodes an
+//! `AdmissionReview` (v1 or v1beta1) and encodes the answer in the same
+//! version with a base64 JSONPatch (pure); [`handler`] is the thin actix-web
+//! route around them.
+
+pub mod handler;
+pub mod mutate;
+pub mod review;
+
+use proto::hami::resources::ResourceNames;
+
+use crate::settings::Settings;
+
+/// What the webhook needs to know from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Scheduler name GPU pods are routed to.
+    pub scheduler_name: String,
+    /// Extended resource names.
+    pub resources: ResourceNames,
+    /// MiB per GPU when a container asks for no memory (0 = whole card).
+    pub default_memory: u32,
+    /// Cores when a container asks for none.
+    pub default_cores: u32,
+    /// GPUs added to a container that asks only for memory or cores.
+    pub default_gpu_num: u32,
+    /// Multiplier applied to memory requests.
+    pub memory_factor: u32,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self::from(&Settings::default())
+    }
+}
+
+impl From<&Settings> for WebhookConfig {
+    fn from(s: &Settings) -> Self {
+        Self {
+            scheduler_name: s.scheduler_name.clone(),
+            resources: s.resources.clone(),
+            default_memory: s.default_memory,
+            default_cores: s.default_cores,
+            default_gpu_num: s.default_gpu_num,
+            memory_factor: s.memory_factor,
+        }
+    }
+}

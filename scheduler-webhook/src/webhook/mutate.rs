@@ -1,0 +1,493 @@
+//! The admission decision for one new pod, as a pure function.
+//!
+//! Order of checks (HAMi's, `docs/protocol.md`): no containers → deny; a pod
+//! for another scheduler → untouched; per container (init first) validate
+//! and fill defaults; privileged + GPU → deny; route to our scheduler (a
+//! pre-set `spec.nodeName` → deny); strip allocation annotations a user
+//! forged. Quota is checked by the caller, which owns the quota view.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use proto::hami::keys;
+
+use super::WebhookConfig;
+use crate::quantity::parse_whole;
+
+/// The scheduler name kube-scheduler uses when a pod names none.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// Env var HAMi-core reads the task priority from.
+const PRIORITY_ENV: &str = "CUDA_TASK_PRIORITY";
+
+/// Annotations only the scheduler and the device plugin may write: a user
+/// who sets them on a new pod could pick their own GPU (HAMi #3041).
+pub const ALLOCATION_ANNOTATIONS: &[&str] = &[
+    keys::VGPU_NODE,
+    keys::VGPU_TIME,
+    keys::VGPU_DEVICES_TO_ALLOCATE,
+    keys::VGPU_DEVICES_ALLOCATED,
+    keys::VGPU_MIG_ALLOCATIONS,
+    keys::BIND_PHASE,
+    keys::BIND_TIME,
+];
+
+/// What the webhook answers for a pod.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Admit as it is.
+    Unchanged,
+    /// Admit with these changes (the whole mutated pod).
+    Mutated(Box<Pod>),
+    /// Refuse, with a message for the user.
+    Denied(String),
+}
+
+/// What one container asks for, read from limits (falling back to requests).
+#[derive(Debug, Default)]
+struct Asked {
+    gpus: Option<i64>,
+    mem: Option<i64>,
+    pct: Option<i64>,
+    cores: Option<i64>,
+    priority: Option<i64>,
+}
+
+impl Asked {
+    fn asks_share(&self) -> bool {
+        self.mem.is_some() || self.cores.is_some() || self.pct.is_some_and(|p| p > 0)
+    }
+}
+
+/// Decides what to do with a pod being created.
+#[must_use]
+pub fn mutate(pod: &Pod, config: &WebhookConfig) -> Verdict {
+    let Some(spec) = pod.spec.as_ref().filter(|s| !s.containers.is_empty()) else {
+        return Verdict::Denied("pod has no containers".to_owned());
+    };
+    if let Some(name) = spec.scheduler_name.as_deref()
+        && !name.is_empty()
+        && name != config.scheduler_name
+        && name != DEFAULT_SCHEDULER
+    {
+        return Verdict::Unchanged;
+    }
+
+    let mut out = pod.clone();
+    let mut uses_gpu = false;
+    let mut privileged = None;
+    if let Some(out_spec) = out.spec.as_mut() {
+        let init = out_spec.init_containers.iter_mut().flatten();
+        for container in init.chain(out_spec.containers.iter_mut()) {
+            match mutate_container(container, config) {
+                Ok(true) => {
+                    uses_gpu = true;
+                    if is_privileged(container) {
+                        privileged.get_or_insert_with(|| container.name.clone());
+                    }
+                }
+                Ok(false) => {}
+                Err(message) => return Verdict::Denied(message),
+            }
+        }
+    }
+    if !uses_gpu {
+        return Verdict::Unchanged;
+    }
+    if let Some(name) = privileged {
+        return Verdict::Denied(format!(
+            "container {name} is privileged and asks for {}: a privileged container sees every GPU, so it cannot use a slice",
+            config.resources.resource_name
+        ));
+    }
+    if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        return Verdict::Denied(format!(
+            "spec.nodeName is set to {node}: pods asking for {} must be placed by {}, remove spec.nodeName",
+            config.resources.resource_name, config.scheduler_name
+        ));
+    }
+    if let Some(out_spec) = out.spec.as_mut() {
+        out_spec.scheduler_name = Some(config.scheduler_name.clone());
+    }
+    if let Some(annotations) = out.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| !ALLOCATION_ANNOTATIONS.contains(&k.as_str()));
+    }
+    if out == *pod {
+        Verdict::Unchanged
+    } else {
+        Verdict::Mutated(Box::new(out))
+    }
+}
+
+/// Validates one container and fills its defaults; `Ok(true)` when it uses
+/// a GPU afterwards.
+fn mutate_container(container: &mut Container, config: &WebhookConfig) -> Result<bool, String> {
+    let names = &config.resources;
+    let asked = Asked {
+        gpus: quantity(container, &names.resource_name)?,
+        mem: quantity(container, &names.resource_mem)?,
+        pct: quantity(container, &names.resource_mem_percentage)?,
+        cores: quantity(container, &names.resource_cores)?,
+        priority: quantity(container, &names.resource_priority)?,
+    };
+    let who = &container.name;
+    if let Some(pct) = asked.pct
+        && pct > 100
+    {
+        return Err(format!(
+            "{} must be 1–100, got {pct} (container {who})",
+            names.resource_mem_percentage
+        ));
+    }
+    if let Some(cores) = asked.cores
+        && cores > 100
+    {
+        return Err(format!(
+            "{} must be 0–100, got {cores} (container {who})",
+            names.resource_cores
+        ));
+    }
+    if let Some(mem) = asked.mem
+        && i32::try_from(mem.saturating_mul(i64::from(config.memory_factor))).is_err()
+    {
+        return Err(format!(
+            "{} of {mem} MiB is too large (container {who})",
+            names.resource_mem
+        ));
+    }
+
+    let gpus = match asked.gpus {
+        Some(n) => n,
+        None if asked.asks_share() && config.default_gpu_num > 0 => {
+            let n = i64::from(config.default_gpu_num);
+            set_limit(container, &names.resource_name, n);
+            n
+        }
+        None => 0,
+    };
+    if gpus == 0 {
+        return Ok(false);
+    }
+    let whole_card_memory = asked.mem.is_none()
+        && match asked.pct {
+            Some(100) => true,
+            None | Some(0) => config.default_memory == 0,
+            Some(_) => false,
+        };
+    if asked.cores.is_none() && whole_card_memory {
+        set_limit(container, &names.resource_cores, 100);
+    }
+    if let Some(priority) = asked.priority {
+        set_env(container, PRIORITY_ENV, &priority.to_string());
+    }
+    Ok(true)
+}
+
+/// A resource of the container, from limits, else requests.
+fn quantity(container: &Container, name: &str) -> Result<Option<i64>, String> {
+    let resources = container.resources.as_ref();
+    let limit = resources
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get(name));
+    let request = resources
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|l| l.get(name));
+    limit
+        .or(request)
+        .map(|q| {
+            parse_whole(&q.0).map_err(|e| format!("{name} in container {}: {e}", container.name))
+        })
+        .transpose()
+}
+
+fn set_limit(container: &mut Container, name: &str, value: i64) {
+    container
+        .resources
+        .get_or_insert_with(Default::default)
+        .limits
+        .get_or_insert_with(BTreeMap::new)
+        .insert(name.to_owned(), Quantity(value.to_string()));
+}
+
+fn set_env(container: &mut Container, name: &str, value: &str) {
+    let env = container.env.get_or_insert_with(Vec::new);
+    match env.iter_mut().find(|e| e.name == name) {
+        Some(var) => {
+            var.value = Some(value.to_owned());
+            var.value_from = None;
+        }
+        None => env.push(EnvVar {
+            name: name.to_owned(),
+            value: Some(value.to_owned()),
+            value_from: None,
+        }),
+    }
+}
+
+fn is_privileged(container: &Container) -> bool {
+    container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.privileged)
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn config() -> WebhookConfig {
+        WebhookConfig::default()
+    }
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn gpu_pod(limits: serde_json::Value) -> Pod {
+        pod(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "c", "image": "cuda", "resources": {"limits": limits}}]}
+        }))
+    }
+
+    fn mutated(verdict: Verdict) -> Pod {
+        match verdict {
+            Verdict::Mutated(p) => *p,
+            other => panic!("expected a mutation, got {other:?}"),
+        }
+    }
+
+    fn denied(verdict: Verdict) -> String {
+        match verdict {
+            Verdict::Denied(m) => m,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    fn limits(pod: &Pod, i: usize) -> BTreeMap<String, Quantity> {
+        pod.spec.as_ref().unwrap().containers[i]
+            .resources
+            .clone()
+            .unwrap()
+            .limits
+            .unwrap()
+    }
+
+    #[test]
+    fn pod_without_gpu_request_is_not_mutated() {
+        let p = gpu_pod(json!({"cpu": "1"}));
+        assert_eq!(mutate(&p, &config()), Verdict::Unchanged);
+    }
+
+    #[test]
+    fn pod_without_containers_is_denied() {
+        let p = pod(json!({"metadata": {"name": "p"}, "spec": {"containers": []}}));
+        assert_eq!(denied(mutate(&p, &config())), "pod has no containers");
+    }
+
+    #[test]
+    fn pod_for_another_scheduler_passes_untouched() {
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1"}));
+        p.spec.as_mut().unwrap().scheduler_name = Some("volcano".into());
+        assert_eq!(mutate(&p, &config()), Verdict::Unchanged);
+    }
+
+    #[test]
+    fn gpu_pod_is_routed_to_our_scheduler() {
+        let p = gpu_pod(
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}),
+        );
+        let out = mutated(mutate(&p, &config()));
+        assert_eq!(
+            out.spec.unwrap().scheduler_name.as_deref(),
+            Some("gpuslice-scheduler")
+        );
+    }
+
+    #[test]
+    fn default_scheduler_is_overwritten() {
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}));
+        p.spec.as_mut().unwrap().scheduler_name = Some(DEFAULT_SCHEDULER.into());
+        let out = mutated(mutate(&p, &config()));
+        assert_eq!(
+            out.spec.unwrap().scheduler_name.as_deref(),
+            Some("gpuslice-scheduler")
+        );
+    }
+
+    #[test]
+    fn gpu_count_is_added_when_only_memory_or_cores_is_asked() {
+        for asked in [
+            json!({"nvidia.com/gpumem": "3000"}),
+            json!({"nvidia.com/gpucores": "20"}),
+            json!({"nvidia.com/gpumem-percentage": "50"}),
+        ] {
+            let out = mutated(mutate(&gpu_pod(asked.clone()), &config()));
+            assert_eq!(
+                limits(&out, 0)["nvidia.com/gpu"],
+                Quantity("1".into()),
+                "{asked}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_gpu_count_is_added_when_default_gpu_num_is_zero() {
+        let cfg = WebhookConfig {
+            default_gpu_num: 0,
+            ..config()
+        };
+        let p = gpu_pod(json!({"nvidia.com/gpumem": "3000"}));
+        assert_eq!(mutate(&p, &cfg), Verdict::Unchanged);
+    }
+
+    #[test]
+    fn whole_card_without_cores_becomes_exclusive() {
+        for asked in [
+            json!({"nvidia.com/gpu": "1"}),
+            json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "100"}),
+        ] {
+            let out = mutated(mutate(&gpu_pod(asked.clone()), &config()));
+            assert_eq!(
+                limits(&out, 0)["nvidia.com/gpucores"],
+                Quantity("100".into()),
+                "{asked}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_slice_without_cores_is_not_made_exclusive() {
+        for asked in [
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
+        ] {
+            let out = mutated(mutate(&gpu_pod(asked.clone()), &config()));
+            assert!(
+                !limits(&out, 0).contains_key("nvidia.com/gpucores"),
+                "{asked}"
+            );
+        }
+        let cfg = WebhookConfig {
+            default_memory: 2000,
+            ..config()
+        };
+        let out = mutated(mutate(&gpu_pod(json!({"nvidia.com/gpu": "1"})), &cfg));
+        assert!(!limits(&out, 0).contains_key("nvidia.com/gpucores"));
+    }
+
+    #[test]
+    fn out_of_range_percentages_and_cores_are_denied_with_the_value() {
+        let m = denied(mutate(
+            &gpu_pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "140"})),
+            &config(),
+        ));
+        assert!(
+            m.starts_with("nvidia.com/gpumem-percentage must be 1–100, got 140"),
+            "{m}"
+        );
+        let m = denied(mutate(
+            &gpu_pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"})),
+            &config(),
+        ));
+        assert!(
+            m.starts_with("nvidia.com/gpucores must be 0–100, got 101"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn malformed_quantities_are_denied_with_the_resource_name() {
+        let m = denied(mutate(
+            &gpu_pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "lots"})),
+            &config(),
+        ));
+        assert!(m.contains("nvidia.com/gpumem in container c"), "{m}");
+    }
+
+    #[test]
+    fn privileged_gpu_container_is_denied() {
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1"}));
+        p.spec.as_mut().unwrap().containers[0].security_context =
+            Some(serde_json::from_value(json!({"privileged": true})).unwrap());
+        assert!(denied(mutate(&p, &config())).contains("privileged"));
+    }
+
+    #[test]
+    fn preset_node_name_is_denied() {
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1"}));
+        p.spec.as_mut().unwrap().node_name = Some("gpu-1".into());
+        assert!(denied(mutate(&p, &config())).contains("spec.nodeName is set to gpu-1"));
+    }
+
+    #[test]
+    fn forged_allocation_annotations_are_removed_and_policies_kept() {
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}));
+        p.metadata.annotations = Some(BTreeMap::from([
+            (
+                keys::VGPU_DEVICES_TO_ALLOCATE.to_owned(),
+                "GPU-x,NVIDIA,1000,0:;".to_owned(),
+            ),
+            (keys::VGPU_NODE.to_owned(), "gpu-1".to_owned()),
+            (keys::BIND_PHASE.to_owned(), "success".to_owned()),
+            (keys::GPU_SCHEDULER_POLICY.to_owned(), "binpack".to_owned()),
+        ]));
+        let out = mutated(mutate(&p, &config()));
+        let annotations = out.metadata.annotations.unwrap();
+        assert_eq!(annotations.len(), 1, "{annotations:?}");
+        assert!(annotations.contains_key(keys::GPU_SCHEDULER_POLICY));
+    }
+
+    #[test]
+    fn init_containers_are_mutated_too() {
+        let p = pod(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpumem": "500"}}}],
+                "containers": [{"name": "c"}]
+            }
+        }));
+        let out = mutated(mutate(&p, &config()));
+        let init = &out.spec.unwrap().init_containers.unwrap()[0];
+        let l = init.resources.clone().unwrap().limits.unwrap();
+        assert_eq!(l["nvidia.com/gpu"], Quantity("1".into()));
+    }
+
+    #[test]
+    fn priority_becomes_env() {
+        let p = gpu_pod(
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "10", "nvidia.com/priority": "1"}),
+        );
+        let out = mutated(mutate(&p, &config()));
+        let env = out.spec.unwrap().containers[0].env.clone().unwrap();
+        assert!(
+            env.iter()
+                .any(|e| e.name == PRIORITY_ENV && e.value.as_deref() == Some("1"))
+        );
+    }
+
+    #[test]
+    fn requests_are_read_when_limits_are_absent() {
+        let p = pod(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpumem-percentage": "300"}}}]}
+        }));
+        assert!(denied(mutate(&p, &config())).contains("got 300"));
+    }
+
+    #[test]
+    fn custom_resource_names_are_honoured() {
+        let mut cfg = config();
+        cfg.resources.resource_name = "example.com/vgpu".into();
+        cfg.resources.resource_mem = "example.com/vgpumem".into();
+        let out = mutated(mutate(
+            &gpu_pod(json!({"example.com/vgpumem": "100"})),
+            &cfg,
+        ));
+        assert!(limits(&out, 0).contains_key("example.com/vgpu"));
+    }
+}
