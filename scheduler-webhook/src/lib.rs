@@ -3,6 +3,7 @@
 //! the same pure scheduling [`core`].
 
 pub mod core;
+pub mod extender;
 pub mod quantity;
 pub mod settings;
 pub mod tls;

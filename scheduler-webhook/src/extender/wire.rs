@@ -1,0 +1,310 @@
+//! The kube-scheduler extender wire format (`k8s.io/kube-scheduler/extender/v1`).
+//!
+//! The Go structs carry no json tags, so kube-scheduler sends PascalCase keys
+//! and Go decodes any case. We accept any case on input and always emit
+//! PascalCase, with `null` for absent lists and maps as Go does.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// A body that is not a usable extender request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadRequest {
+    /// Not JSON, or not an object.
+    #[error("body is not a JSON object: {0}")]
+    NotJson(String),
+    /// A field is missing or has the wrong type.
+    #[error("field {field}: {why}")]
+    Field {
+        /// The field (PascalCase).
+        field: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// `ExtenderArgs`: the filter request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExtenderArgs {
+    /// The pod being scheduled.
+    pub pod: Pod,
+    /// Candidate node names (`nodeCacheCapable: true`).
+    pub node_names: Option<Vec<String>>,
+    /// Candidate node objects (`nodeCacheCapable: false`); only their names are used.
+    pub nodes: Option<Vec<String>>,
+}
+
+impl ExtenderArgs {
+    /// The candidate node names, whichever form they came in.
+    #[must_use]
+    pub fn candidates(&self) -> &[String] {
+        self.node_names
+            .as_deref()
+            .or(self.nodes.as_deref())
+            .unwrap_or(&[])
+    }
+}
+
+/// `ExtenderFilterResult`: the filter reply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderFilterResult {
+    /// Node objects that passed (unused with a node cache; always `null`).
+    pub nodes: Option<Value>,
+    /// Names of the nodes that passed.
+    pub node_names: Option<Vec<String>>,
+    /// Nodes that failed, with the reason; preemption may retry them.
+    pub failed_nodes: Option<BTreeMap<String, String>>,
+    /// Nodes that failed for a reason preemption cannot fix.
+    pub failed_and_unresolvable_nodes: Option<BTreeMap<String, String>>,
+    /// An error for the whole request; empty when none.
+    pub error: String,
+}
+
+/// `ExtenderBindingArgs`: the bind request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtenderBindingArgs {
+    /// Pod name.
+    pub pod_name: String,
+    /// Pod namespace.
+    pub pod_namespace: String,
+    /// Pod UID.
+    pub pod_uid: String,
+    /// The node to bind to.
+    pub node: String,
+}
+
+/// `ExtenderBindingResult`: the bind reply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderBindingResult {
+    /// An error; empty when the binding was made.
+    pub error: String,
+}
+
+fn object(body: &[u8]) -> Result<Map<String, Value>, BadRequest> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(BadRequest::NotJson(format!("a JSON {}", kind_of(&other)))),
+        Err(e) => Err(BadRequest::NotJson(e.to_string())),
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// The value of `field` in any letter case (as Go's decoder matches).
+fn field<'a>(map: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    map.get(name).or_else(|| {
+        map.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    })
+}
+
+fn string_field(map: &Map<String, Value>, name: &'static str) -> Result<String, BadRequest> {
+    match field(map, name) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(Value::String(_)) | None | Some(Value::Null) => Err(BadRequest::Field {
+            field: name,
+            why: "missing or empty".to_owned(),
+        }),
+        Some(other) => Err(BadRequest::Field {
+            field: name,
+            why: format!("expected a string, got a {}", kind_of(other)),
+        }),
+    }
+}
+
+fn names(value: Option<&Value>, name: &'static str) -> Result<Option<Vec<String>>, BadRequest> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone())
+            .map(Some)
+            .map_err(|e| BadRequest::Field {
+                field: name,
+                why: e.to_string(),
+            }),
+    }
+}
+
+/// Decodes a filter request.
+///
+/// # Errors
+/// [`BadRequest`] naming the field that is wrong.
+pub fn decode_filter(body: &[u8]) -> Result<ExtenderArgs, BadRequest> {
+    let map = object(body)?;
+    let pod = match field(&map, "Pod") {
+        None | Some(Value::Null) => {
+            return Err(BadRequest::Field {
+                field: "Pod",
+                why: "missing".to_owned(),
+            });
+        }
+        Some(v) => serde_json::from_value::<Pod>(v.clone()).map_err(|e| BadRequest::Field {
+            field: "Pod",
+            why: e.to_string(),
+        })?,
+    };
+    let node_names = names(field(&map, "NodeNames"), "NodeNames")?;
+    let nodes = match field(&map, "Nodes") {
+        None | Some(Value::Null) => None,
+        Some(list) => {
+            let items =
+                list.get("items")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| BadRequest::Field {
+                        field: "Nodes",
+                        why: "expected a NodeList with items".to_owned(),
+                    })?;
+            let names = items
+                .iter()
+                .map(|n| {
+                    n.pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                        .ok_or_else(|| BadRequest::Field {
+                            field: "Nodes",
+                            why: "a node has no metadata.name".to_owned(),
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(names)
+        }
+    };
+    Ok(ExtenderArgs {
+        pod,
+        node_names,
+        nodes,
+    })
+}
+
+/// Decodes a bind request.
+///
+/// # Errors
+/// [`BadRequest`] naming the field that is wrong.
+pub fn decode_bind(body: &[u8]) -> Result<ExtenderBindingArgs, BadRequest> {
+    let map = object(body)?;
+    Ok(ExtenderBindingArgs {
+        pod_name: string_field(&map, "PodName")?,
+        pod_namespace: string_field(&map, "PodNamespace")?,
+        pod_uid: string_field(&map, "PodUID")?,
+        node: string_field(&map, "Node")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod() -> Value {
+        json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}, "spec": {"containers": [{"name": "c"}]}})
+    }
+
+    #[test]
+    fn filter_request_decodes_in_pascal_and_camel_case() {
+        for body in [
+            json!({"Pod": pod(), "Nodes": null, "NodeNames": ["n1", "n2"]}),
+            json!({"pod": pod(), "nodes": null, "nodenames": ["n1", "n2"]}),
+            json!({"pod": pod(), "nodeNames": ["n1", "n2"]}),
+        ] {
+            let args = decode_filter(&serde_json::to_vec(&body).unwrap()).unwrap();
+            assert_eq!(args.candidates(), ["n1", "n2"]);
+            assert_eq!(args.pod.metadata.name.as_deref(), Some("p"));
+        }
+    }
+
+    #[test]
+    fn node_objects_give_their_names() {
+        let body = json!({"Pod": pod(), "Nodes": {"items": [{"metadata": {"name": "a"}}]}, "NodeNames": null});
+        let args = decode_filter(&serde_json::to_vec(&body).unwrap()).unwrap();
+        assert_eq!(args.candidates(), ["a"]);
+        assert!(args.node_names.is_none());
+    }
+
+    #[test]
+    fn filter_result_is_pascal_case_with_nulls() {
+        let result = ExtenderFilterResult {
+            node_names: Some(vec!["n2".into()]),
+            failed_nodes: Some(BTreeMap::from([(
+                "n1".into(),
+                "2/2 CardInsufficientMemory".into(),
+            )])),
+            ..ExtenderFilterResult::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&result).unwrap(),
+            json!({"Nodes": null, "NodeNames": ["n2"], "FailedNodes": {"n1": "2/2 CardInsufficientMemory"},
+                   "FailedAndUnresolvableNodes": null, "Error": ""})
+        );
+        assert_eq!(
+            serde_json::to_value(ExtenderBindingResult::default()).unwrap(),
+            json!({"Error": ""})
+        );
+    }
+
+    #[test]
+    fn bind_request_decodes_in_any_case() {
+        for body in [
+            json!({"PodName": "p", "PodNamespace": "ns", "PodUID": "u1", "Node": "n1"}),
+            json!({"podName": "p", "podNamespace": "ns", "podUID": "u1", "node": "n1"}),
+        ] {
+            let args = decode_bind(&serde_json::to_vec(&body).unwrap()).unwrap();
+            assert_eq!(
+                args,
+                ExtenderBindingArgs {
+                    pod_name: "p".into(),
+                    pod_namespace: "ns".into(),
+                    pod_uid: "u1".into(),
+                    node: "n1".into()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_requests_name_the_field() {
+        assert!(matches!(decode_filter(b"[1]"), Err(BadRequest::NotJson(_))));
+        assert!(matches!(decode_filter(b"{"), Err(BadRequest::NotJson(_))));
+        assert_eq!(
+            decode_filter(br#"{"NodeNames":["a"]}"#),
+            Err(BadRequest::Field {
+                field: "Pod",
+                why: "missing".into()
+            })
+        );
+        let err =
+            decode_filter(br#"{"Pod":{"spec":{"containers":3}},"NodeNames":["a"]}"#).unwrap_err();
+        assert!(matches!(err, BadRequest::Field { field: "Pod", .. }));
+        let err =
+            decode_filter(&serde_json::to_vec(&json!({"Pod": pod(), "NodeNames": "a"})).unwrap())
+                .unwrap_err();
+        assert!(matches!(
+            err,
+            BadRequest::Field {
+                field: "NodeNames",
+                ..
+            }
+        ));
+        let err = decode_bind(br#"{"PodName":"p","PodNamespace":"ns","PodUID":7,"Node":"n"}"#)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "field PodUID: expected a string, got a number"
+        );
+        assert!(decode_bind(br#"{"PodName":"p"}"#).is_err());
+    }
+}
