@@ -1,3 +1,6 @@
 //! Stand-ins for a Kubernetes cluster (kube-apiserver, kubelet,
 //! kube-scheduler) that speak the real protocols, used by the end-to-end
 //! tests, the benchmarks and the sandbox.
+
+pub mod fake_apiserver;
+pub mod fake_kubelet;
