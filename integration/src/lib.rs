@@ -3,4 +3,3 @@
 //! tests, the benchmarks and the sandbox.
 
 pub mod fake_apiserver;
-pub mod fake_kubelet;
