@@ -1,0 +1,590 @@
+//! Fragmentation and the FGD policy (fragmentation gradient descent, Weng
+//! et al., USENIX ATC '23; definition in `shared/traces/openb/README.md`).
+//!
+//! The fragmentation of a node, for a typical pod, is the idle GPU capacity
+//! that pod cannot use: all of it when the pod cannot fit the node at all
+//! (short of CPU, memory, GPU count or the GPU model), else only the GPUs
+//! whose free share is below the pod's per-GPU request. A node's
+//! fragmentation is the frequency-weighted sum over the workload's typical
+//! pods ([`ShapeDistribution`]). FGD places a pod where the cluster's
+//! fragmentation grows the least.
+//!
+//! This module owns the shape distribution (updated one pod at a time) and
+//! the [`FgdIndex`]: per-node fragmentation, kept current by refreshing only
+//! the node a placement touched. Shapes are grouped by their GPU part, so
+//! evaluating a candidate costs one pass over the shapes for CPU/memory and
+//! one pass over the GPU groups.
+
+use std::collections::BTreeMap;
+
+use crate::core::fit::{
+    FitFailure, PodPicks, Reason, apply_picks, check_gpu, fit_container, fit_pod,
+};
+use crate::core::model::{Cluster, Gpu, GpuUse, Node, NodeId};
+use crate::core::request::{MemoryRequest, PodRequest};
+
+/// GPU capacity of one card in milli-GPU.
+pub const MILLI_PER_GPU: u32 = 1000;
+
+/// A typical pod: what it asks of a node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Shape {
+    /// CPU, milli-cores.
+    pub cpu_milli: u64,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+    /// Number of GPUs (0: CPU only).
+    pub gpus: u32,
+    /// Share of each GPU, milli (1000: a whole card).
+    pub milli: u32,
+    /// Allowed GPU type substrings, lower-case (empty: any).
+    pub types: Vec<String>,
+}
+
+impl Shape {
+    /// The shape of a pod request: the largest GPU count of its containers,
+    /// the per-GPU share from cores (else the memory percentage, else a
+    /// whole card), the type allow-list, CPU and memory.
+    #[must_use]
+    pub fn of_request(req: &PodRequest) -> Self {
+        let gpu_req = req
+            .init
+            .iter()
+            .chain(&req.app)
+            .flatten()
+            .max_by_key(|r| r.nums);
+        let (gpus, milli) = gpu_req.map_or((0, 0), |r| {
+            let milli = if r.cores > 0 {
+                r.cores.min(100) * 10
+            } else if let MemoryRequest::Percent(p) = r.memory {
+                p.min(100) * 10
+            } else {
+                MILLI_PER_GPU
+            };
+            (r.nums, milli)
+        });
+        Self {
+            cpu_milli: req.cpu_milli,
+            memory_mib: req.memory_mib,
+            gpus,
+            milli,
+            types: req.constraints.use_types.clone(),
+        }
+    }
+}
+
+/// How often each shape occurs in the workload; updated one pod at a time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShapeDistribution {
+    counts: BTreeMap<Shape, u64>,
+    total: u64,
+}
+
+impl ShapeDistribution {
+    /// Counts one more pod of this shape.
+    pub fn observe(&mut self, shape: Shape) {
+        *self.counts.entry(shape).or_insert(0) += 1;
+        self.total += 1;
+    }
+
+    /// Forgets one pod of this shape (a sliding window); no-op when absent.
+    pub fn forget(&mut self, shape: &Shape) {
+        if let Some(c) = self.counts.get_mut(shape) {
+            *c -= 1;
+            self.total -= 1;
+            if *c == 0 {
+                self.counts.remove(shape);
+            }
+        }
+    }
+
+    /// Number of pods counted.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Number of distinct shapes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether nothing was counted.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Shapes with their frequency (0–1), in a stable order.
+    pub fn frequencies(&self) -> impl Iterator<Item = (&Shape, f64)> {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+        let total = self.total.max(1) as f64;
+        #[allow(clippy::cast_precision_loss)]
+        self.counts.iter().map(move |(s, c)| (s, *c as f64 / total))
+    }
+}
+
+/// Shapes sharing a GPU part, with their CPU/memory and weights.
+#[derive(Debug, Clone)]
+struct Group {
+    gpus: u32,
+    milli: u32,
+    types: Vec<String>,
+    /// (cpu, memory, frequency)
+    shapes: Vec<(u64, u64, f64)>,
+    weight: f64,
+}
+
+/// The free share of one GPU as fragmentation sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GpuFree {
+    /// Unallocated share, milli.
+    idle: u32,
+    /// Share a new pod could still take (0 when out of slots), milli.
+    usable: u32,
+    /// Not used at all (a whole-card pod can take it).
+    empty: bool,
+}
+
+fn gpu_free(g: &Gpu, u: &GpuUse) -> GpuFree {
+    let by_cores = if g.devcore > 0 {
+        u64::from(u.usedcores) * 1000 / u64::from(g.devcore)
+    } else {
+        0
+    };
+    let by_mem = if g.devmem > 0 {
+        u.usedmem.saturating_mul(1000) / g.devmem
+    } else {
+        0
+    };
+    let alloc = u32::try_from(by_cores.max(by_mem).min(1000)).unwrap_or(1000);
+    let idle = MILLI_PER_GPU - alloc;
+    let out_of_slots = u.used >= g.count;
+    GpuFree {
+        idle,
+        usable: if out_of_slots { 0 } else { idle },
+        empty: u.used == 0 && idle == MILLI_PER_GPU,
+    }
+}
+
+/// Per-node fragmentation for a shape distribution, refreshed node by node.
+#[derive(Debug, Clone)]
+pub struct FgdIndex {
+    groups: Vec<Group>,
+    /// Per node, per group: bit i set when GPU i's type suits the group.
+    masks: Vec<Vec<u64>>,
+    node_frag: Vec<f64>,
+}
+
+impl FgdIndex {
+    /// Builds the index for this distribution and computes every node.
+    #[must_use]
+    pub fn new(dist: &ShapeDistribution, cluster: &Cluster) -> Self {
+        let mut by_gpu: BTreeMap<(u32, u32, Vec<String>), Vec<(u64, u64, f64)>> = BTreeMap::new();
+        for (s, f) in dist.frequencies() {
+            by_gpu
+                .entry((s.gpus, s.milli, s.types.clone()))
+                .or_default()
+                .push((s.cpu_milli, s.memory_mib, f));
+        }
+        let groups: Vec<Group> = by_gpu
+            .into_iter()
+            .map(|((gpus, milli, types), shapes)| Group {
+                gpus,
+                milli,
+                types,
+                weight: shapes.iter().map(|s| s.2).sum(),
+                shapes,
+            })
+            .collect();
+        let mut index = Self {
+            groups,
+            masks: Vec::new(),
+            node_frag: Vec::new(),
+        };
+        for id in 0..cluster.nodes().len() {
+            index.refresh_node(cluster, id);
+        }
+        index
+    }
+
+    fn masks_for(&self, node: &Node) -> Vec<u64> {
+        self.groups
+            .iter()
+            .map(|grp| {
+                let mut m = 0u64;
+                for (i, g) in node.gpus.iter().enumerate().take(64) {
+                    let ty = g.device_type.to_ascii_lowercase();
+                    if grp.types.is_empty() || grp.types.iter().any(|t| ty.contains(t.as_str())) {
+                        m |= 1 << i;
+                    }
+                }
+                m
+            })
+            .collect()
+    }
+
+    /// Recomputes one node (after a placement or release touched it, or
+    /// after it was added).
+    pub fn refresh_node(&mut self, cluster: &Cluster, id: NodeId) {
+        let Some(node) = cluster.node(id) else {
+            return;
+        };
+        if self.masks.len() <= id {
+            self.masks.resize(id + 1, Vec::new());
+            self.node_frag.resize(id + 1, 0.0);
+        }
+        // GPU types may have changed with an upsert: cheap to redo.
+        self.masks[id] = self.masks_for(node);
+        let free: Vec<GpuFree> = node
+            .gpus
+            .iter()
+            .zip(&node.usage)
+            .map(|(g, u)| gpu_free(g, u))
+            .collect();
+        let mut weights = Vec::new();
+        self.weights(node.free_cpu_memory(), &mut weights);
+        self.node_frag[id] = self.frag_with(id, &weights, &free);
+    }
+
+    /// The fragmentation of a node, milli-GPU (frequency-weighted).
+    #[must_use]
+    pub fn node_fragmentation(&self, id: NodeId) -> f64 {
+        self.node_frag.get(id).copied().unwrap_or(0.0)
+    }
+
+    /// The cluster's fragmentation, milli-GPU.
+    #[must_use]
+    pub fn cluster_fragmentation(&self) -> f64 {
+        self.node_frag.iter().sum()
+    }
+
+    /// Per group, the weight of shapes that fit this free CPU/memory and of
+    /// those that do not.
+    fn weights(&self, free: Option<(u64, u64)>, out: &mut Vec<(f64, f64)>) {
+        out.clear();
+        for grp in &self.groups {
+            match free {
+                None => out.push((grp.weight, 0.0)),
+                Some((cpu, mem)) => {
+                    let fit: f64 = grp
+                        .shapes
+                        .iter()
+                        .filter(|s| s.0 <= cpu && s.1 <= mem)
+                        .map(|s| s.2)
+                        .sum();
+                    out.push((fit, grp.weight - fit));
+                }
+            }
+        }
+    }
+
+    fn frag_with(&self, id: NodeId, weights: &[(f64, f64)], gpus: &[GpuFree]) -> f64 {
+        let idle_total: u64 = gpus.iter().map(|g| u64::from(g.idle)).sum();
+        if idle_total == 0 {
+            return 0.0;
+        }
+        let masks = self.masks.get(id).map_or(&[][..], Vec::as_slice);
+        let mut frag = 0.0;
+        #[allow(clippy::cast_precision_loss)]
+        let idle_f = idle_total as f64;
+        for (j, grp) in self.groups.iter().enumerate() {
+            let (w_fit, w_nofit) = weights.get(j).copied().unwrap_or((0.0, 0.0));
+            frag += w_nofit * idle_f;
+            if w_fit == 0.0 || grp.gpus == 0 {
+                continue;
+            }
+            let mask = masks.get(j).copied().unwrap_or(0);
+            let mut usable_count = 0u32;
+            let mut unusable_idle = 0u64;
+            for (i, g) in gpus.iter().enumerate() {
+                let eligible = i < 64 && mask & (1 << i) != 0;
+                let ok = eligible
+                    && if grp.milli >= MILLI_PER_GPU {
+                        g.empty
+                    } else {
+                        g.usable >= grp.milli
+                    };
+                if ok {
+                    usable_count += 1;
+                } else {
+                    unusable_idle += u64::from(g.idle);
+                }
+            }
+            #[allow(clippy::cast_precision_loss)]
+            let g_frag = if usable_count >= grp.gpus {
+                unusable_idle as f64
+            } else {
+                idle_f
+            };
+            frag += w_fit * g_frag;
+        }
+        frag
+    }
+
+    /// FGD on one node: the placement whose fragmentation increase is the
+    /// smallest, with that increase. A single-GPU, single-container pod
+    /// tries every GPU that fits; other pods are fitted with the given
+    /// order.
+    ///
+    /// # Errors
+    /// Why the pod does not fit the node.
+    pub fn best_on_node(
+        &self,
+        cluster: &Cluster,
+        id: NodeId,
+        req: &PodRequest,
+        fallback_order: &[usize],
+    ) -> Result<(f64, PodPicks), FitFailure> {
+        let Some(node) = cluster.node(id) else {
+            return Err(FitFailure::single(Reason::NodeInsufficientDevice, 0));
+        };
+        let before = self.node_fragmentation(id);
+        let after_free = node.free_cpu_memory().map(|(c, m)| {
+            (
+                c.saturating_sub(req.cpu_milli),
+                m.saturating_sub(req.memory_mib),
+            )
+        });
+        let mut weights = Vec::with_capacity(self.groups.len());
+        let mut free: Vec<GpuFree> = node
+            .gpus
+            .iter()
+            .zip(&node.usage)
+            .map(|(g, u)| gpu_free(g, u))
+            .collect();
+
+        let gpu_apps: Vec<usize> = req
+            .app
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.map(|_| i))
+            .collect();
+        let single = req.init.iter().all(Option::is_none)
+            && gpu_apps.len() == 1
+            && req.app[gpu_apps[0]].is_some_and(|r| r.nums == 1);
+        if !single {
+            let picks = fit_pod(node, req, fallback_order)?;
+            let mut usage = node.usage.clone();
+            for p in &picks.app {
+                apply_picks(&mut usage, p);
+            }
+            for p in picks.init.iter().flatten() {
+                if let Some(u) = usage.get_mut(p.gpu) {
+                    u.used = u.used.max(1);
+                    u.usedmem = u.usedmem.max(p.usedmem);
+                    u.usedcores = u.usedcores.max(p.usedcores);
+                }
+            }
+            for (i, (g, u)) in node.gpus.iter().zip(&usage).enumerate() {
+                free[i] = gpu_free(g, u);
+            }
+            self.weights(after_free, &mut weights);
+            return Ok((self.frag_with(id, &weights, &free) - before, picks));
+        }
+
+        if !node.fits_cpu_memory(req.cpu_milli, req.memory_mib) {
+            return fit_pod(node, req, fallback_order).map(|p| (0.0, p));
+        }
+        let app_idx = gpu_apps[0];
+        let Some(r) = req.app[app_idx] else {
+            return fit_pod(node, req, fallback_order).map(|p| (0.0, p));
+        };
+        self.weights(after_free, &mut weights);
+        let mut best: Option<(f64, usize, u64, u32)> = None;
+        let mut tried: Vec<usize> = Vec::with_capacity(node.gpus.len());
+        for (pos, (g, u)) in node.gpus.iter().zip(&node.usage).enumerate() {
+            let Ok(p) = check_gpu(g, u, &r, &req.constraints) else {
+                continue;
+            };
+            let same = tried.iter().any(|&t| {
+                node.usage[t] == *u
+                    && node.gpus[t].device_type == g.device_type
+                    && node.gpus[t].devmem == g.devmem
+                    && node.gpus[t].devcore == g.devcore
+                    && node.gpus[t].count == g.count
+            });
+            if same {
+                continue;
+            }
+            tried.push(pos);
+            let after = GpuUse {
+                used: u.used + 1,
+                usedmem: u.usedmem + p.usedmem,
+                usedcores: u.usedcores + p.usedcores,
+            };
+            let old = free[pos];
+            free[pos] = gpu_free(g, &after);
+            let f = self.frag_with(id, &weights, &free);
+            free[pos] = old;
+            if best.is_none_or(|b| f < b.0 - 1e-9) {
+                best = Some((f, pos, p.usedmem, p.usedcores));
+            }
+        }
+        let Some((f, pos, usedmem, usedcores)) = best else {
+            // Nothing fits: let fit explain why.
+            let err = fit_container(node, &node.usage, fallback_order, &r, &req.constraints)
+                .err()
+                .unwrap_or_else(|| {
+                    FitFailure::single(Reason::AllocatedCardsInsufficientRequest, node.gpus.len())
+                });
+            return Err(err);
+        };
+        let mut picks = PodPicks {
+            init: vec![Vec::new(); req.init.len()],
+            app: vec![Vec::new(); req.app.len()],
+        };
+        picks.app[app_idx] = vec![crate::core::fit::Pick {
+            gpu: pos,
+            usedmem,
+            usedcores,
+        }];
+        Ok((f - before, picks))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::NodeCapacity;
+    use crate::core::model::testutil::mk_node;
+    use crate::core::request::DeviceRequest;
+
+    fn share(milli: u32) -> Shape {
+        Shape {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: 1,
+            milli,
+            types: vec![],
+        }
+    }
+
+    fn pod(cores: u32) -> PodRequest {
+        PodRequest {
+            app: vec![Some(DeviceRequest {
+                nums: 1,
+                memory: MemoryRequest::Percent(cores),
+                cores,
+            })],
+            ..PodRequest::default()
+        }
+    }
+
+    #[test]
+    fn distribution_is_incremental() {
+        let mut d = ShapeDistribution::default();
+        d.observe(share(500));
+        d.observe(share(500));
+        d.observe(share(200));
+        assert_eq!((d.total(), d.len()), (3, 2));
+        d.forget(&share(500));
+        d.forget(&share(999));
+        let f: Vec<f64> = d.frequencies().map(|(_, f)| f).collect();
+        assert_eq!(f, vec![0.5, 0.5]);
+    }
+
+    #[test]
+    fn node_fragmentation_matches_hand_computation() {
+        // Node with 2 GPUs: GPU0 has 300 milli free, GPU1 is free.
+        // Workload: 50 % pods of 500 milli, 50 % whole-card pods x2.
+        let mut d = ShapeDistribution::default();
+        d.observe(share(500));
+        d.observe(Shape {
+            gpus: 2,
+            milli: 1000,
+            ..share(0)
+        });
+        let mut c = Cluster::new(vec![mk_node("a", 2, 10, 1000)]);
+        c.node_mut(0).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 700,
+            usedcores: 70,
+        };
+        let idx = FgdIndex::new(&d, &c);
+        // 500-milli pod: GPU0 (300 free) is a fragment = 300.
+        // 2-GPU pod: needs two empty GPUs, only one: all idle = 1300.
+        let want = 0.5 * 300.0 + 0.5 * 1300.0;
+        assert!(
+            (idx.node_fragmentation(0) - want).abs() < 1e-9,
+            "{}",
+            idx.node_fragmentation(0)
+        );
+    }
+
+    #[test]
+    fn cpu_shortage_makes_all_idle_capacity_a_fragment() {
+        let mut d = ShapeDistribution::default();
+        d.observe(Shape {
+            cpu_milli: 4000,
+            ..share(100)
+        });
+        let c = Cluster::new(vec![mk_node("a", 1, 10, 1000).with_capacity(
+            NodeCapacity {
+                cpu_milli: 2000,
+                memory_mib: 1 << 20,
+            },
+        )]);
+        let idx = FgdIndex::new(&d, &c);
+        assert!((idx.node_fragmentation(0) - 1000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn type_allow_list_counts_other_models_as_fragment() {
+        let mut d = ShapeDistribution::default();
+        d.observe(Shape {
+            types: vec!["a100".into()],
+            ..share(100)
+        });
+        let c = Cluster::new(vec![mk_node("a", 2, 10, 1000)]);
+        let idx = FgdIndex::new(&d, &c);
+        assert!((idx.cluster_fragmentation() - 2000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn fgd_fills_the_gpu_that_leaves_no_fragment() {
+        // Workload: only 500-milli pods. GPU0 has 500 free, GPU1 has 800.
+        // Putting a 300 pod on GPU1 leaves 500 (usable); on GPU0 leaves 200
+        // (a fragment). FGD picks GPU1.
+        let mut d = ShapeDistribution::default();
+        d.observe(share(500));
+        let mut c = Cluster::new(vec![mk_node("a", 2, 10, 1000)]);
+        c.node_mut(0).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 500,
+            usedcores: 50,
+        };
+        c.node_mut(0).unwrap().usage[1] = GpuUse {
+            used: 1,
+            usedmem: 200,
+            usedcores: 20,
+        };
+        let idx = FgdIndex::new(&d, &c);
+        let (delta, picks) = idx.best_on_node(&c, 0, &pod(30), &[0, 1]).unwrap();
+        assert_eq!(picks.app[0][0].gpu, 1);
+        // Before and after: no GPU below 500 free, no fragment.
+        assert!(delta.abs() < 1e-9, "{delta}");
+        // With a 200 pod on GPU0 the node gets a 300 fragment instead.
+        let (delta, picks) = idx.best_on_node(&c, 0, &pod(20), &[0, 1]).unwrap();
+        assert_eq!(
+            picks.app[0][0].gpu, 1,
+            "GPU1 keeps 600 usable, GPU0 would drop to 300"
+        );
+        assert!(delta.abs() < 1e-9, "{delta}");
+    }
+
+    #[test]
+    fn fgd_reports_why_nothing_fits() {
+        let d = ShapeDistribution::default();
+        let mut c = Cluster::new(vec![mk_node("a", 1, 10, 1000)]);
+        c.node_mut(0).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 900,
+            usedcores: 90,
+        };
+        let idx = FgdIndex::new(&d, &c);
+        let err = idx.best_on_node(&c, 0, &pod(30), &[0]).unwrap_err();
+        assert_eq!(err.to_string(), "1/1 CardInsufficientMemory");
+    }
+}

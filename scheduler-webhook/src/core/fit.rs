@@ -1,0 +1,633 @@
+//! Whether a pod fits a node and on which GPUs, following HAMi's Fit
+//! (spec §5) rule by rule, with HAMi's per-node failure reasons
+//! (`"2/8 CardInsufficientMemory, 6/8 CardTypeMismatch"`).
+//!
+//! Fit walks a GPU order (see [`crate::core::score::gpu_order`]) from the
+//! end and skips a GPU that is unhealthy or cordoned, of a refused type,
+//! mode or UUID, out of slots, short of memory or cores, already used when
+//! the request is exclusive (100 cores), or fully used in cores when the
+//! request asks for 0 cores. With numa-bind, picks restart whenever the NUMA
+//! node changes. Init containers are each fitted against the node as it was
+//! before the pod (they run one at a time: the pod needs their peak); app
+//! containers are fitted one after the other, each seeing the picks of the
+//! ones before (they run together: summed).
+
+use std::fmt;
+
+use crate::core::model::{Gpu, GpuUse, Node};
+use crate::core::request::{Constraints, DeviceRequest, PodRequest};
+
+/// Why a GPU, or a node, was refused. Names are HAMi's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// Some GPUs fitted but fewer than the container asks for.
+    AllocatedCardsInsufficientRequest,
+    /// All cores used and the request asks for 0 cores.
+    CardComputeUnitsExhausted,
+    /// Cordoned by an admin.
+    CardCordoned,
+    /// Not enough free cores.
+    CardInsufficientCore,
+    /// Not enough free memory.
+    CardInsufficientMemory,
+    /// Unhealthy.
+    CardNotHealth,
+    /// No free slot (split count reached).
+    CardTimeSlicingExhausted,
+    /// Type or sharing mode refused by the pod.
+    CardTypeMismatch,
+    /// UUID refused by the pod.
+    CardUuidMismatch,
+    /// An exclusive request (100 cores) on a GPU already in use.
+    ExclusiveDeviceAllocateConflict,
+    /// Fewer GPUs on the node than one container asks for.
+    NodeInsufficientDevice,
+    /// Picks were dropped because the NUMA node changed (numa-bind).
+    NumaNotFit,
+    /// Not enough free CPU on the node (simulation only).
+    InsufficientCpu,
+    /// Not enough free memory on the node (simulation only).
+    InsufficientMemory,
+}
+
+impl Reason {
+    /// Every reason, in the order they are reported (alphabetical, so
+    /// messages are stable; HAMi's order is Go map order).
+    pub const ALL: [Self; 14] = [
+        Self::AllocatedCardsInsufficientRequest,
+        Self::CardComputeUnitsExhausted,
+        Self::CardCordoned,
+        Self::CardInsufficientCore,
+        Self::CardInsufficientMemory,
+        Self::CardNotHealth,
+        Self::CardTimeSlicingExhausted,
+        Self::CardTypeMismatch,
+        Self::CardUuidMismatch,
+        Self::ExclusiveDeviceAllocateConflict,
+        Self::NodeInsufficientDevice,
+        Self::NumaNotFit,
+        Self::InsufficientCpu,
+        Self::InsufficientMemory,
+    ];
+
+    /// HAMi's name for it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AllocatedCardsInsufficientRequest => "AllocatedCardsInsufficientRequest",
+            Self::CardComputeUnitsExhausted => "CardComputeUnitsExhausted",
+            Self::CardCordoned => "CardCordoned",
+            Self::CardInsufficientCore => "CardInsufficientCore",
+            Self::CardInsufficientMemory => "CardInsufficientMemory",
+            Self::CardNotHealth => "CardNotHealth",
+            Self::CardTimeSlicingExhausted => "CardTimeSlicingExhausted",
+            Self::CardTypeMismatch => "CardTypeMismatch",
+            Self::CardUuidMismatch => "CardUuidMismatch",
+            Self::ExclusiveDeviceAllocateConflict => "ExclusiveDeviceAllocateConflict",
+            Self::NodeInsufficientDevice => "NodeInsufficientDevice",
+            Self::NumaNotFit => "NumaNotFit",
+            Self::InsufficientCpu => "Insufficient cpu",
+            Self::InsufficientMemory => "Insufficient memory",
+        }
+    }
+
+    fn slot(self) -> usize {
+        Self::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+}
+
+/// Why a node was refused: how many GPUs each reason hit, out of `cards`.
+/// No allocation, so refusing thousands of nodes stays cheap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FitFailure {
+    counts: [u32; Reason::ALL.len()],
+    cards: usize,
+}
+
+impl FitFailure {
+    fn new(cards: usize) -> Self {
+        Self {
+            counts: [0; Reason::ALL.len()],
+            cards,
+        }
+    }
+
+    /// A failure with a single reason counted once.
+    #[must_use]
+    pub fn single(reason: Reason, cards: usize) -> Self {
+        let mut f = Self::new(cards);
+        f.add(reason, 1);
+        f
+    }
+
+    fn add(&mut self, reason: Reason, n: usize) {
+        let slot = &mut self.counts[reason.slot()];
+        *slot = slot.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+
+    /// How many GPUs this reason refused.
+    #[must_use]
+    pub fn count(&self, reason: Reason) -> u32 {
+        self.counts[reason.slot()]
+    }
+}
+
+impl fmt::Display for FitFailure {
+    /// `"<n>/<cards> <Reason>"` joined by `", "`; CPU/memory shortage as
+    /// kube-scheduler words it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for r in Reason::ALL {
+            let n = self.count(r);
+            if n == 0 {
+                continue;
+            }
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            match r {
+                Reason::InsufficientCpu | Reason::InsufficientMemory => f.write_str(r.as_str())?,
+                _ => write!(f, "{n}/{} {}", self.cards, r.as_str())?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One GPU picked for one container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    /// Position of the GPU in [`Node::gpus`].
+    pub gpu: usize,
+    /// Memory taken, MiB.
+    pub usedmem: u64,
+    /// Cores taken, percent.
+    pub usedcores: u32,
+}
+
+/// The GPUs picked for every container of a pod (empty for a container
+/// without a GPU request).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodPicks {
+    /// Per init container.
+    pub init: Vec<Vec<Pick>>,
+    /// Per app container.
+    pub app: Vec<Vec<Pick>>,
+}
+
+/// Checks one GPU for one container request; the memory and cores it would
+/// take, or the reason it is skipped (HAMi's order of checks).
+///
+/// # Errors
+/// The [`Reason`] the GPU is skipped for.
+pub fn check_gpu(
+    gpu: &Gpu,
+    used: &GpuUse,
+    req: &DeviceRequest,
+    c: &Constraints,
+) -> Result<Pick, Reason> {
+    if !gpu.health {
+        return Err(Reason::CardNotHealth);
+    }
+    if gpu.cordoned {
+        return Err(Reason::CardCordoned);
+    }
+    if !c.type_allows(&gpu.device_type, &gpu.mode) {
+        return Err(Reason::CardTypeMismatch);
+    }
+    if !c.uuid_allows(&gpu.uuid) {
+        return Err(Reason::CardUuidMismatch);
+    }
+    if gpu.count <= used.used {
+        return Err(Reason::CardTimeSlicingExhausted);
+    }
+    let cores = req.cores.min(100);
+    let mem = req.memory_on(gpu.devmem);
+    if gpu.devmem.saturating_sub(used.usedmem) < mem {
+        return Err(Reason::CardInsufficientMemory);
+    }
+    if gpu.devcore.saturating_sub(used.usedcores) < cores {
+        return Err(Reason::CardInsufficientCore);
+    }
+    if gpu.devcore == 100 && cores == 100 && used.used > 0 {
+        return Err(Reason::ExclusiveDeviceAllocateConflict);
+    }
+    if used.usedcores == gpu.devcore && cores == 0 {
+        return Err(Reason::CardComputeUnitsExhausted);
+    }
+    Ok(Pick {
+        gpu: 0,
+        usedmem: mem,
+        usedcores: cores,
+    })
+}
+
+/// Fits one container: walks `order` from the end and picks `req.nums`
+/// GPUs.
+///
+/// # Errors
+/// The reasons GPUs were skipped, when too few fit.
+pub fn fit_container(
+    node: &Node,
+    usage: &[GpuUse],
+    order: &[usize],
+    req: &DeviceRequest,
+    c: &Constraints,
+) -> Result<Vec<Pick>, FitFailure> {
+    let cards = node.gpus.len();
+    let nums = usize::try_from(req.nums).unwrap_or(usize::MAX);
+    if nums > cards {
+        return Err(FitFailure::single(Reason::NodeInsufficientDevice, cards));
+    }
+    let mut fail = FitFailure::new(cards);
+    let mut picks: Vec<Pick> = Vec::with_capacity(nums);
+    let mut prev_numa: Option<u32> = None;
+    for &pos in order.iter().rev() {
+        let (Some(gpu), Some(used)) = (node.gpus.get(pos), usage.get(pos)) else {
+            continue;
+        };
+        if !gpu.health {
+            fail.add(Reason::CardNotHealth, 1);
+            continue;
+        }
+        if c.numa_bind && prev_numa != Some(gpu.numa) {
+            if !picks.is_empty() {
+                fail.add(Reason::NumaNotFit, picks.len());
+                picks.clear();
+            }
+            prev_numa = Some(gpu.numa);
+        }
+        match check_gpu(gpu, used, req, c) {
+            Err(r) => fail.add(r, 1),
+            Ok(p) => {
+                picks.push(Pick { gpu: pos, ..p });
+                if picks.len() == nums {
+                    return Ok(picks);
+                }
+            }
+        }
+    }
+    if !picks.is_empty() {
+        fail.add(Reason::AllocatedCardsInsufficientRequest, picks.len());
+    }
+    Err(fail)
+}
+
+/// Adds picks to a usage vector.
+pub fn apply_picks(usage: &mut [GpuUse], picks: &[Pick]) {
+    for p in picks {
+        if let Some(u) = usage.get_mut(p.gpu) {
+            u.used += 1;
+            u.usedmem += p.usedmem;
+            u.usedcores += p.usedcores;
+        }
+    }
+}
+
+/// Fits a whole pod on a node with the given GPU order: CPU and memory
+/// (when the node tracks them), init containers each against the node as it
+/// is, app containers cumulatively.
+///
+/// # Errors
+/// The first failing container's reasons, or the node's CPU/memory
+/// shortage.
+pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPicks, FitFailure> {
+    let cards = node.gpus.len();
+    if let Some((cpu, mem)) = node.free_cpu_memory() {
+        if req.cpu_milli > cpu {
+            return Err(FitFailure::single(Reason::InsufficientCpu, cards));
+        }
+        if req.memory_mib > mem {
+            return Err(FitFailure::single(Reason::InsufficientMemory, cards));
+        }
+    }
+    let c = &req.constraints;
+    let mut picks = PodPicks {
+        init: Vec::with_capacity(req.init.len()),
+        app: Vec::with_capacity(req.app.len()),
+    };
+    for r in &req.init {
+        picks.init.push(match r {
+            Some(r) => fit_container(node, &node.usage, order, r, c)?,
+            None => Vec::new(),
+        });
+    }
+    let mut working: Option<Vec<GpuUse>> = None;
+    let last_gpu_app = req.app.iter().rposition(Option::is_some);
+    for (i, r) in req.app.iter().enumerate() {
+        let Some(r) = r else {
+            picks.app.push(Vec::new());
+            continue;
+        };
+        let usage = working.as_deref().unwrap_or(&node.usage);
+        let p = fit_container(node, usage, order, r, c)?;
+        if Some(i) != last_gpu_app {
+            let w = working.get_or_insert_with(|| node.usage.clone());
+            apply_picks(w, &p);
+        }
+        picks.app.push(p);
+    }
+    Ok(picks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::NodeCapacity;
+    use crate::core::model::testutil::{mk_device, mk_node};
+    use crate::core::request::MemoryRequest;
+
+    fn req(nums: u32, mem: u64, cores: u32) -> DeviceRequest {
+        DeviceRequest {
+            nums,
+            memory: MemoryRequest::Mib(mem),
+            cores,
+        }
+    }
+
+    fn order(n: &Node) -> Vec<usize> {
+        (0..n.gpus.len()).collect()
+    }
+
+    /// One table row: prepares GPU 0 of a 1-GPU node (10 slots, 1000 MiB,
+    /// 100 cores), asks `req`, expects a reason or a fit.
+    struct Row {
+        name: &'static str,
+        setup: fn(&mut Node, &mut Constraints),
+        req: DeviceRequest,
+        want: Result<(), Reason>,
+    }
+
+    #[test]
+    fn every_skip_rule_and_reason() {
+        let rows = [
+            Row {
+                name: "fits",
+                setup: |_, _| {},
+                req: req(1, 100, 10),
+                want: Ok(()),
+            },
+            Row {
+                name: "unhealthy",
+                setup: |n, _| n.gpus[0].health = false,
+                req: req(1, 100, 10),
+                want: Err(Reason::CardNotHealth),
+            },
+            Row {
+                name: "cordoned",
+                setup: |n, _| n.gpus[0].cordoned = true,
+                req: req(1, 100, 10),
+                want: Err(Reason::CardCordoned),
+            },
+            Row {
+                name: "type not allowed",
+                setup: |_, c| c.use_types = vec!["a100".into()],
+                req: req(1, 100, 10),
+                want: Err(Reason::CardTypeMismatch),
+            },
+            Row {
+                name: "type denied",
+                setup: |_, c| c.nouse_types = vec!["t4".into()],
+                req: req(1, 100, 10),
+                want: Err(Reason::CardTypeMismatch),
+            },
+            Row {
+                name: "mode mismatch",
+                setup: |_, c| c.vgpu_mode = Some("mig".into()),
+                req: req(1, 100, 10),
+                want: Err(Reason::CardTypeMismatch),
+            },
+            Row {
+                name: "uuid not allowed",
+                setup: |_, c| c.use_uuids = vec!["GPU-x".into()],
+                req: req(1, 100, 10),
+                want: Err(Reason::CardUuidMismatch),
+            },
+            Row {
+                name: "uuid denied",
+                setup: |_, c| c.nouse_uuids = vec!["GPU-a-0".into()],
+                req: req(1, 100, 10),
+                want: Err(Reason::CardUuidMismatch),
+            },
+            Row {
+                name: "no slot",
+                setup: |n, _| n.usage[0].used = 10,
+                req: req(1, 100, 10),
+                want: Err(Reason::CardTimeSlicingExhausted),
+            },
+            Row {
+                name: "memory short",
+                setup: |n, _| n.usage[0].usedmem = 950,
+                req: req(1, 100, 10),
+                want: Err(Reason::CardInsufficientMemory),
+            },
+            Row {
+                name: "memory exact",
+                setup: |n, _| n.usage[0].usedmem = 900,
+                req: req(1, 100, 10),
+                want: Ok(()),
+            },
+            Row {
+                name: "cores short",
+                setup: |n, _| n.usage[0].usedcores = 95,
+                req: req(1, 100, 10),
+                want: Err(Reason::CardInsufficientCore),
+            },
+            Row {
+                name: "exclusive on used card",
+                setup: |n, _| n.usage[0].used = 1,
+                req: req(1, 100, 100),
+                want: Err(Reason::ExclusiveDeviceAllocateConflict),
+            },
+            Row {
+                name: "exclusive on free card",
+                setup: |_, _| {},
+                req: req(1, 100, 100),
+                want: Ok(()),
+            },
+            Row {
+                name: "zero cores on full card",
+                setup: |n, _| {
+                    n.usage[0].used = 1;
+                    n.usage[0].usedcores = 100
+                },
+                req: req(1, 100, 0),
+                want: Err(Reason::CardComputeUnitsExhausted),
+            },
+            Row {
+                name: "zero cores on partly used card",
+                setup: |n, _| {
+                    n.usage[0].used = 1;
+                    n.usage[0].usedcores = 60
+                },
+                req: req(1, 100, 0),
+                want: Ok(()),
+            },
+            Row {
+                name: "too many gpus",
+                setup: |_, _| {},
+                req: req(2, 100, 10),
+                want: Err(Reason::NodeInsufficientDevice),
+            },
+        ];
+        for row in rows {
+            let mut n = mk_node("a", 1, 10, 1000);
+            let mut c = Constraints::default();
+            (row.setup)(&mut n, &mut c);
+            let got = fit_container(&n, &n.usage, &order(&n), &row.req, &c);
+            match row.want {
+                Ok(()) => assert!(got.is_ok(), "{}: {got:?}", row.name),
+                Err(r) => {
+                    let f = got.expect_err(row.name);
+                    assert_eq!(f.count(r), 1, "{}: {f}", row.name);
+                    assert_eq!(f.to_string(), format!("1/1 {}", r.as_str()), "{}", row.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reasons_are_counted_per_card_in_hami_format() {
+        let mut devs: Vec<_> = (0..8)
+            .map(|i| mk_device("a", i, "NVIDIA-Tesla T4", 10, 1000))
+            .collect();
+        for d in &mut devs[..6] {
+            d.device_type = "NVIDIA-Tesla V100".into();
+        }
+        let mut n = Node::from_register("a", &devs);
+        n.usage[6].usedmem = 990;
+        n.usage[7].usedmem = 999;
+        let c = Constraints {
+            use_types: vec!["t4".into()],
+            ..Constraints::default()
+        };
+        let f = fit_container(&n, &n.usage, &order(&n), &req(1, 100, 0), &c).unwrap_err();
+        assert_eq!(
+            f.to_string(),
+            "2/8 CardInsufficientMemory, 6/8 CardTypeMismatch"
+        );
+    }
+
+    #[test]
+    fn partial_picks_report_allocated_cards_insufficient() {
+        let mut n = mk_node("a", 3, 10, 1000);
+        n.usage[0].usedmem = 1000;
+        let f = fit_container(
+            &n,
+            &n.usage,
+            &order(&n),
+            &req(3, 100, 0),
+            &Constraints::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            f.to_string(),
+            "2/3 AllocatedCardsInsufficientRequest, 1/3 CardInsufficientMemory"
+        );
+    }
+
+    #[test]
+    fn fit_walks_the_order_from_the_end() {
+        let n = mk_node("a", 4, 10, 1000);
+        let picks = fit_container(
+            &n,
+            &n.usage,
+            &[2, 0, 3, 1],
+            &req(2, 100, 0),
+            &Constraints::default(),
+        )
+        .unwrap();
+        let gpus: Vec<usize> = picks.iter().map(|p| p.gpu).collect();
+        assert_eq!(gpus, vec![1, 3]);
+    }
+
+    #[test]
+    fn numa_bind_restarts_picks_when_numa_changes() {
+        // Order (walked from the end): GPU3 numa1, GPU2 numa0, GPU1 numa0.
+        let mut n = mk_node("a", 4, 10, 1000);
+        n.gpus[3].numa = 1;
+        n.usage[0].usedmem = 1000;
+        let c = Constraints {
+            numa_bind: true,
+            ..Constraints::default()
+        };
+        let picks = fit_container(&n, &n.usage, &order(&n), &req(2, 100, 0), &c).unwrap();
+        let gpus: Vec<usize> = picks.iter().map(|p| p.gpu).collect();
+        assert_eq!(gpus, vec![2, 1]);
+        // Without numa-bind the first two walked win.
+        let picks = fit_container(
+            &n,
+            &n.usage,
+            &order(&n),
+            &req(2, 100, 0),
+            &Constraints::default(),
+        )
+        .unwrap();
+        assert_eq!(picks.iter().map(|p| p.gpu).collect::<Vec<_>>(), vec![3, 2]);
+        // When no NUMA node has enough, the dropped picks are reported.
+        n.usage[1].usedmem = 1000;
+        let f = fit_container(&n, &n.usage, &order(&n), &req(2, 100, 0), &c).unwrap_err();
+        assert_eq!(f.count(Reason::NumaNotFit), 1, "{f}");
+    }
+
+    #[test]
+    fn percentage_memory_is_taken_from_each_card() {
+        let n = mk_node("a", 1, 10, 16000);
+        let r = DeviceRequest {
+            nums: 1,
+            memory: MemoryRequest::Percent(25),
+            cores: 0,
+        };
+        let p = fit_container(&n, &n.usage, &order(&n), &r, &Constraints::default()).unwrap();
+        assert_eq!(p[0].usedmem, 4000);
+    }
+
+    #[test]
+    fn app_containers_are_summed_init_containers_take_the_peak() {
+        // One GPU with 1000 MiB. Two app containers of 600 MiB cannot share
+        // it; an init and an app container of 600 MiB each can.
+        let n = mk_node("a", 1, 10, 1000);
+        let two_apps = PodRequest {
+            app: vec![Some(req(1, 600, 0)), None, Some(req(1, 600, 0))],
+            ..PodRequest::default()
+        };
+        let f = fit_pod(&n, &two_apps, &order(&n)).unwrap_err();
+        assert_eq!(f.to_string(), "1/1 CardInsufficientMemory");
+        let init_and_app = PodRequest {
+            init: vec![Some(req(1, 600, 0)), Some(req(1, 700, 0))],
+            app: vec![Some(req(1, 600, 0)), None],
+            ..PodRequest::default()
+        };
+        let p = fit_pod(&n, &init_and_app, &order(&n)).unwrap();
+        assert_eq!(p.init.len(), 2);
+        assert_eq!(p.app.len(), 2);
+        assert!(p.app[1].is_empty());
+        assert_eq!(p.init[1][0].usedmem, 700);
+    }
+
+    #[test]
+    fn cpu_and_memory_must_fit_when_tracked() {
+        let n = mk_node("a", 1, 10, 1000).with_capacity(NodeCapacity {
+            cpu_milli: 1000,
+            memory_mib: 1000,
+        });
+        let mut r = PodRequest {
+            app: vec![Some(req(1, 1, 0))],
+            cpu_milli: 2000,
+            ..PodRequest::default()
+        };
+        assert_eq!(
+            fit_pod(&n, &r, &order(&n)).unwrap_err().to_string(),
+            "Insufficient cpu"
+        );
+        r.cpu_milli = 1000;
+        r.memory_mib = 1001;
+        assert_eq!(
+            fit_pod(&n, &r, &order(&n)).unwrap_err().to_string(),
+            "Insufficient memory"
+        );
+        r.memory_mib = 1000;
+        assert!(fit_pod(&n, &r, &order(&n)).is_ok());
+    }
+}

@@ -1,0 +1,311 @@
+//! The cluster as the scheduler sees it: nodes, their GPUs (static facts
+//! from the node register annotation) and the usage of every GPU (slots,
+//! memory, cores), plus the optional CPU/memory capacity the simulator
+//! checks.
+//!
+//! Usage changes only through [`crate::core::reservation`]; this module owns
+//! the data and the read-only views over it.
+
+use std::collections::HashMap;
+
+use proto::hami::register::NodeDevice;
+
+use crate::core::reservation::Ledger;
+
+/// Index of a node in [`Cluster::nodes`].
+pub type NodeId = usize;
+
+/// One physical GPU, as registered by the device plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// GPU UUID.
+    pub uuid: String,
+    /// Index on its node.
+    pub index: u32,
+    /// Type, e.g. `NVIDIA-Tesla T4`.
+    pub device_type: String,
+    /// NUMA node.
+    pub numa: u32,
+    /// Whether the plugin reports it healthy.
+    pub health: bool,
+    /// Whether an admin cordoned it (`hami.io/device-cordon`).
+    pub cordoned: bool,
+    /// Sharing mode (`hami-core`, `mig`, `mps`).
+    pub mode: String,
+    /// Split count: how many containers may share it.
+    pub count: u32,
+    /// Device memory in MiB.
+    pub devmem: u64,
+    /// Device cores in percent (100 = one card).
+    pub devcore: u32,
+}
+
+/// What is used of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuUse {
+    /// Slots taken (containers sharing it).
+    pub used: u32,
+    /// Memory taken, MiB.
+    pub usedmem: u64,
+    /// Cores taken, percent.
+    pub usedcores: u32,
+}
+
+/// CPU and memory a node offers to pods (the simulator checks them; the
+/// extender leaves this to kube-scheduler and sets none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeCapacity {
+    /// Allocatable CPU in milli-cores.
+    pub cpu_milli: u64,
+    /// Allocatable memory in MiB.
+    pub memory_mib: u64,
+}
+
+/// One node: its GPUs, their usage, and optional CPU/memory accounting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// Node name.
+    pub name: String,
+    /// GPUs sorted by index.
+    pub gpus: Vec<Gpu>,
+    /// Usage, parallel to `gpus`.
+    pub usage: Vec<GpuUse>,
+    /// CPU and memory capacity, when tracked.
+    pub capacity: Option<NodeCapacity>,
+    /// CPU taken by placed pods, milli-cores.
+    pub used_cpu_milli: u64,
+    /// Memory taken by placed pods, MiB.
+    pub used_memory_mib: u64,
+}
+
+impl Node {
+    /// A node from its decoded `hami.io/node-nvidia-register` devices.
+    ///
+    /// Keeps devices whose type contains `nvidia` (case-insensitive), as
+    /// HAMi does, and sorts them by index (the plugin's order is unstable).
+    #[must_use]
+    pub fn from_register(name: &str, devices: &[NodeDevice]) -> Self {
+        let mut gpus: Vec<Gpu> = devices
+            .iter()
+            .filter(|d| d.device_type.to_ascii_lowercase().contains("nvidia"))
+            .map(|d| Gpu {
+                uuid: d.id.clone(),
+                index: d.index,
+                device_type: d.device_type.clone(),
+                numa: d.numa,
+                health: d.health,
+                cordoned: false,
+                mode: d.mode.clone(),
+                count: d.count,
+                devmem: u64::from(d.devmem),
+                devcore: d.devcore,
+            })
+            .collect();
+        gpus.sort_by_key(|g| g.index);
+        let usage = vec![GpuUse::default(); gpus.len()];
+        Self {
+            name: name.to_owned(),
+            gpus,
+            usage,
+            capacity: None,
+            used_cpu_milli: 0,
+            used_memory_mib: 0,
+        }
+    }
+
+    /// Sets the CPU/memory capacity to check pods against.
+    #[must_use]
+    pub fn with_capacity(mut self, capacity: NodeCapacity) -> Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// Marks the listed UUIDs cordoned (`hami.io/device-cordon`) and every
+    /// other GPU not cordoned.
+    pub fn set_cordoned<S: AsRef<str>>(&mut self, uuids: &[S]) {
+        for g in &mut self.gpus {
+            g.cordoned = uuids.iter().any(|u| u.as_ref().trim() == g.uuid);
+        }
+    }
+
+    /// Position in `gpus` of the GPU with this UUID.
+    #[must_use]
+    pub fn gpu_position(&self, uuid: &str) -> Option<usize> {
+        self.gpus.iter().position(|g| g.uuid == uuid)
+    }
+
+    /// Free CPU (milli-cores) and memory (MiB), when tracked.
+    #[must_use]
+    pub fn free_cpu_memory(&self) -> Option<(u64, u64)> {
+        self.capacity.map(|c| {
+            (
+                c.cpu_milli.saturating_sub(self.used_cpu_milli),
+                c.memory_mib.saturating_sub(self.used_memory_mib),
+            )
+        })
+    }
+
+    /// Whether a pod asking for this CPU and memory fits (always, when the
+    /// node does not track them).
+    #[must_use]
+    pub fn fits_cpu_memory(&self, cpu_milli: u64, memory_mib: u64) -> bool {
+        self.free_cpu_memory()
+            .is_none_or(|(cpu, mem)| cpu_milli <= cpu && memory_mib <= mem)
+    }
+}
+
+/// Every node the scheduler knows, with the pod ledger that produced their
+/// usage.
+#[derive(Debug, Clone, Default)]
+pub struct Cluster {
+    nodes: Vec<Node>,
+    by_name: HashMap<String, NodeId>,
+    pub(crate) ledger: Ledger,
+}
+
+impl Cluster {
+    /// A cluster of these nodes, with no usage recorded through the ledger.
+    /// A later node with a name already seen replaces the earlier one.
+    #[must_use]
+    pub fn new(nodes: Vec<Node>) -> Self {
+        let mut cluster = Self::default();
+        for n in nodes {
+            cluster.upsert_node(n);
+        }
+        cluster
+    }
+
+    /// Adds a node, or replaces the static facts (GPUs, capacity) of the node
+    /// with the same name while keeping the usage of GPUs that still exist.
+    pub fn upsert_node(&mut self, mut node: Node) -> NodeId {
+        if let Some(&id) = self.by_name.get(&node.name) {
+            let old = &self.nodes[id];
+            for (pos, g) in node.gpus.iter().enumerate() {
+                if let Some(old_pos) = old.gpu_position(&g.uuid) {
+                    node.usage[pos] = old.usage[old_pos];
+                }
+            }
+            node.used_cpu_milli = old.used_cpu_milli;
+            node.used_memory_mib = old.used_memory_mib;
+            self.nodes[id] = node;
+            id
+        } else {
+            let id = self.nodes.len();
+            self.by_name.insert(node.name.clone(), id);
+            self.nodes.push(node);
+            id
+        }
+    }
+
+    /// All nodes, indexed by [`NodeId`].
+    #[must_use]
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// One node.
+    #[must_use]
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    /// The id of the node with this name.
+    #[must_use]
+    pub fn node_id(&self, name: &str) -> Option<NodeId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub(crate) fn node_mut(&mut self, id: NodeId) -> Option<&mut Node> {
+        self.nodes.get_mut(id)
+    }
+
+    /// Total number of GPUs.
+    #[must_use]
+    pub fn gpu_count(&self) -> usize {
+        self.nodes.iter().map(|n| n.gpus.len()).sum()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    //! Builders for small hand-checked clusters.
+    use super::*;
+
+    /// A register device: `count` slots, `mem` MiB, 100 cores, healthy.
+    pub fn mk_device(node: &str, index: u32, ty: &str, count: u32, mem: u32) -> NodeDevice {
+        NodeDevice {
+            id: format!("GPU-{node}-{index}"),
+            index,
+            count,
+            devmem: mem,
+            devcore: 100,
+            device_type: ty.to_owned(),
+            numa: 0,
+            mode: "hami-core".to_owned(),
+            health: true,
+        }
+    }
+
+    /// A node with `gpus` identical GPUs.
+    pub fn mk_node(name: &str, gpus: u32, count: u32, mem: u32) -> Node {
+        let devs: Vec<_> = (0..gpus)
+            .map(|i| mk_device(name, i, "NVIDIA-Tesla T4", count, mem))
+            .collect();
+        Node::from_register(name, &devs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::*;
+    use super::*;
+
+    #[test]
+    fn from_register_keeps_nvidia_devices_sorted_by_index() {
+        let mut devs = vec![
+            mk_device("n", 1, "NVIDIA-Tesla T4", 10, 16000),
+            mk_device("n", 0, "nvidia A100", 10, 40000),
+            mk_device("n", 2, "Ascend910", 10, 32000),
+        ];
+        devs[1].numa = 1;
+        let node = Node::from_register("n", &devs);
+        let idx: Vec<u32> = node.gpus.iter().map(|g| g.index).collect();
+        assert_eq!(idx, vec![0, 1]);
+        assert_eq!(node.gpus[0].numa, 1);
+        assert_eq!(node.usage.len(), 2);
+    }
+
+    #[test]
+    fn upsert_keeps_usage_of_surviving_gpus() {
+        let mut c = Cluster::new(vec![mk_node("a", 2, 10, 1000)]);
+        c.node_mut(0).unwrap().usage[1].used = 3;
+        let id = c.upsert_node(mk_node("a", 3, 10, 1000));
+        assert_eq!(id, 0);
+        let n = c.node(0).unwrap();
+        assert_eq!(n.usage[1].used, 3);
+        assert_eq!(n.usage[2].used, 0);
+        assert_eq!(c.gpu_count(), 3);
+        assert_eq!(c.node_id("a"), Some(0));
+    }
+
+    #[test]
+    fn cpu_memory_fit_only_when_tracked() {
+        let n = mk_node("a", 1, 10, 1000);
+        assert!(n.fits_cpu_memory(u64::MAX, u64::MAX));
+        let n = n.with_capacity(NodeCapacity {
+            cpu_milli: 1000,
+            memory_mib: 100,
+        });
+        assert!(n.fits_cpu_memory(1000, 100));
+        assert!(!n.fits_cpu_memory(1001, 100));
+        assert!(!n.fits_cpu_memory(1000, 101));
+    }
+
+    #[test]
+    fn cordon_marks_listed_uuids_only() {
+        let mut n = mk_node("a", 2, 10, 1000);
+        n.set_cordoned(&[" GPU-a-1 "]);
+        assert!(!n.gpus[0].cordoned);
+        assert!(n.gpus[1].cordoned);
+    }
+}

@@ -1,0 +1,603 @@
+//! Placement policies and the decision they make: which node, which GPUs.
+//!
+//! - `binpack` / `spread`: HAMi's node score (usage before the pod; the
+//!   highest wins for binpack, the lowest for spread) and HAMi's GPU order
+//!   inside the node;
+//! - `fgd`: the node and GPU whose placement increases fragmentation the
+//!   least ([`crate::core::fgd`]);
+//! - `bestfit`: the node whose leftover after placement is smallest,
+//!   `0.5 × free CPU-milli ÷ 128,000 + 0.5 × free GPU-milli ÷ 8,000`, and
+//!   inside it the GPU with the least free share that fits;
+//! - `random`: a uniformly random feasible node and GPU.
+//!
+//! Ties between nodes break with the caller's seeded generator, so a run is
+//! reproducible.
+
+use std::fmt;
+use std::str::FromStr;
+
+use proto::hami::pod_devices::{ContainerDevice, PodDevices};
+
+use crate::core::fgd::FgdIndex;
+use crate::core::fit::{FitFailure, PodPicks, fit_pod};
+use crate::core::model::{Cluster, Node, NodeId};
+use crate::core::request::PodRequest;
+use crate::core::rng::{SplitMix64, TieBreak};
+use crate::core::score::{ScoringWeights, gpu_order, node_score};
+
+/// Errors reading a policy name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// Not a policy this scheduler knows.
+    #[error("unknown scheduling policy {0:?} (binpack, spread, fgd, bestfit, random)")]
+    Unknown(String),
+    /// A HAMi GPU policy this scheduler does not implement.
+    #[error("GPU scheduling policy {0:?} is not supported (binpack, spread)")]
+    Unsupported(String),
+}
+
+/// How to choose the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Policy {
+    /// HAMi binpack: the fullest node.
+    Binpack,
+    /// HAMi spread: the emptiest node.
+    Spread,
+    /// Fragmentation gradient descent.
+    Fgd,
+    /// Smallest leftover after placement.
+    BestFit,
+    /// Uniformly random.
+    Random,
+}
+
+impl Policy {
+    /// Every policy.
+    pub const ALL: [Self; 5] = [
+        Self::Binpack,
+        Self::Spread,
+        Self::Fgd,
+        Self::BestFit,
+        Self::Random,
+    ];
+
+    /// The name used on the command line and in annotations.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Binpack => "binpack",
+            Self::Spread => "spread",
+            Self::Fgd => "fgd",
+            Self::BestFit => "bestfit",
+            Self::Random => "random",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = PolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == t)
+            .or(if t == "best-fit" {
+                Some(Self::BestFit)
+            } else {
+                None
+            })
+            .ok_or_else(|| PolicyError::Unknown(s.to_owned()))
+    }
+}
+
+/// How to order GPUs inside a node (HAMi `gpu-scheduler-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GpuPolicy {
+    /// The fullest GPU first.
+    Binpack,
+    /// The emptiest GPU first (HAMi's default).
+    Spread,
+}
+
+impl fmt::Display for GpuPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Binpack => "binpack",
+            Self::Spread => "spread",
+        })
+    }
+}
+
+impl FromStr for GpuPolicy {
+    type Err = PolicyError;
+
+    /// `binpack`, `spread`, or a comma chain whose entries are all one of
+    /// them (the first wins). HAMi's `mutex`, `topology-aware` and `numa`
+    /// are refused rather than silently ignored.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut first = None;
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let p = match part.to_ascii_lowercase().as_str() {
+                "binpack" => Self::Binpack,
+                "spread" => Self::Spread,
+                "mutex" | "topology-aware" | "numa" => {
+                    return Err(PolicyError::Unsupported(part.to_owned()));
+                }
+                _ => return Err(PolicyError::Unknown(part.to_owned())),
+            };
+            first.get_or_insert(p);
+        }
+        first.ok_or_else(|| PolicyError::Unknown(s.to_owned()))
+    }
+}
+
+/// Cluster-wide policy choice (a pod's annotations override it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SchedulerConfig {
+    /// Node policy (HAMi default `binpack`).
+    pub node_policy: Policy,
+    /// GPU policy (HAMi default `spread`).
+    pub gpu_policy: GpuPolicy,
+    /// GPU score weights.
+    pub weights: ScoringWeights,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            node_policy: Policy::Binpack,
+            gpu_policy: GpuPolicy::Spread,
+            weights: ScoringWeights::default(),
+        }
+    }
+}
+
+/// The chosen node and GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The node.
+    pub node: NodeId,
+    /// GPUs per container.
+    pub picks: PodPicks,
+    /// The policy's key for this node (higher is better).
+    pub score: f64,
+    /// Nodes that did not fit, with why.
+    pub failed: Vec<(NodeId, FitFailure)>,
+}
+
+impl Decision {
+    /// The device annotation value for the pod (init containers first).
+    #[must_use]
+    pub fn pod_devices(&self, node: &Node) -> PodDevices {
+        let container = |picks: &Vec<crate::core::fit::Pick>| -> Vec<ContainerDevice> {
+            picks
+                .iter()
+                .filter_map(|p| {
+                    node.gpus.get(p.gpu).map(|g| ContainerDevice {
+                        uuid: g.uuid.clone(),
+                        vendor: "NVIDIA".to_owned(),
+                        usedmem: i32::try_from(p.usedmem).unwrap_or(i32::MAX),
+                        usedcores: i32::try_from(p.usedcores).unwrap_or(i32::MAX),
+                    })
+                })
+                .collect()
+        };
+        PodDevices(
+            self.picks
+                .init
+                .iter()
+                .chain(&self.picks.app)
+                .map(container)
+                .collect(),
+        )
+    }
+
+    /// Number of init containers in [`Self::pod_devices`].
+    #[must_use]
+    pub fn init_count(&self) -> usize {
+        self.picks.init.len()
+    }
+}
+
+/// Why no placement was made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScheduleError {
+    /// No candidate node fits.
+    #[error("0/{} nodes are available", failed.len())]
+    NoNodeFits {
+        /// Every candidate, with why it did not fit.
+        failed: Vec<(NodeId, FitFailure)>,
+    },
+    /// The FGD policy was asked for without a fragmentation index.
+    #[error("fgd policy needs a fragmentation index")]
+    MissingFgdIndex,
+}
+
+/// Free share of a GPU in milli, for best fit.
+fn free_milli(node: &Node, pos: usize) -> u64 {
+    let (Some(g), Some(u)) = (node.gpus.get(pos), node.usage.get(pos)) else {
+        return 0;
+    };
+    if u.used >= g.count || g.devcore == 0 || g.devmem == 0 {
+        return 0;
+    }
+    let cores = u64::from(g.devcore.saturating_sub(u.usedcores)) * 1000 / u64::from(g.devcore);
+    let mem = g.devmem.saturating_sub(u.usedmem) * 1000 / g.devmem;
+    cores.min(mem)
+}
+
+fn bestfit_key(node: &Node, picks: &PodPicks, req: &PodRequest) -> f64 {
+    let free_gpu: u64 = (0..node.gpus.len()).map(|p| free_milli(node, p)).sum();
+    let taken: u64 = picks
+        .app
+        .iter()
+        .flatten()
+        .filter_map(|p| {
+            let g = node.gpus.get(p.gpu)?;
+            (g.devcore > 0).then(|| u64::from(p.usedcores) * 1000 / u64::from(g.devcore))
+        })
+        .sum();
+    let free_cpu = node
+        .free_cpu_memory()
+        .map_or(0, |(c, _)| c.saturating_sub(req.cpu_milli));
+    #[allow(clippy::cast_precision_loss)]
+    let leftover =
+        0.5 * free_cpu as f64 / 128_000.0 + 0.5 * free_gpu.saturating_sub(taken) as f64 / 8_000.0;
+    -leftover
+}
+
+/// Chooses a node and GPUs for the pod among `candidates`.
+///
+/// # Errors
+/// No candidate fits, or FGD without an index.
+pub fn schedule(
+    cluster: &Cluster,
+    req: &PodRequest,
+    candidates: impl IntoIterator<Item = NodeId>,
+    cfg: &SchedulerConfig,
+    fgd: Option<&FgdIndex>,
+    rng: &mut SplitMix64,
+) -> Result<Decision, ScheduleError> {
+    let policy = req.node_policy.unwrap_or(cfg.node_policy);
+    let gpu_policy = req.gpu_policy.unwrap_or(cfg.gpu_policy);
+    if policy == Policy::Fgd && fgd.is_none() {
+        return Err(ScheduleError::MissingFgdIndex);
+    }
+    let mut failed = Vec::new();
+    let mut best: Option<(f64, NodeId, PodPicks)> = None;
+    let mut ties = TieBreak::default();
+    for id in candidates {
+        let Some(node) = cluster.node(id) else {
+            continue;
+        };
+        let placed = match policy {
+            Policy::Binpack | Policy::Spread => {
+                let order = gpu_order(node, req, gpu_policy, &cfg.weights);
+                fit_pod(node, req, &order).map(|p| {
+                    let s = node_score(node);
+                    (if policy == Policy::Binpack { s } else { -s }, p)
+                })
+            }
+            Policy::BestFit => {
+                let mut order: Vec<usize> = (0..node.gpus.len()).collect();
+                order.sort_by_key(|&p| std::cmp::Reverse(free_milli(node, p)));
+                fit_pod(node, req, &order).map(|p| (bestfit_key(node, &p, req), p))
+            }
+            Policy::Random => {
+                let mut order: Vec<usize> = (0..node.gpus.len()).collect();
+                rng.shuffle(&mut order);
+                fit_pod(node, req, &order).map(|p| (0.0, p))
+            }
+            Policy::Fgd => {
+                let Some(index) = fgd else {
+                    return Err(ScheduleError::MissingFgdIndex);
+                };
+                let order = gpu_order(
+                    node,
+                    req,
+                    crate::core::policy::GpuPolicy::Binpack,
+                    &cfg.weights,
+                );
+                index
+                    .best_on_node(cluster, id, req, &order)
+                    .map(|(d, p)| (-d, p))
+            }
+        };
+        match placed {
+            Err(f) => failed.push((id, f)),
+            Ok((key, picks)) => {
+                let better = match &best {
+                    None => {
+                        ties.reset();
+                        ties.offer(rng);
+                        true
+                    }
+                    Some((b, _, _)) if key > b + 1e-9 => {
+                        ties.reset();
+                        ties.offer(rng);
+                        true
+                    }
+                    Some((b, _, _)) if key >= b - 1e-9 => ties.offer(rng),
+                    Some(_) => false,
+                };
+                if better {
+                    best = Some((key, id, picks));
+                }
+            }
+        }
+    }
+    match best {
+        Some((score, node, picks)) => Ok(Decision {
+            node,
+            picks,
+            score,
+            failed,
+        }),
+        None => Err(ScheduleError::NoNodeFits { failed }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::fgd::{Shape, ShapeDistribution};
+    use crate::core::model::testutil::mk_node;
+    use crate::core::model::{GpuUse, NodeCapacity};
+    use crate::core::request::{DeviceRequest, MemoryRequest};
+    use crate::core::reservation::HostResources;
+
+    fn pod(nums: u32, mem: u64, cores: u32) -> PodRequest {
+        PodRequest {
+            app: vec![Some(DeviceRequest {
+                nums,
+                memory: MemoryRequest::Mib(mem),
+                cores,
+            })],
+            ..PodRequest::default()
+        }
+    }
+
+    /// Node a: GPU0 half used, GPU1 free; node b: both free; node c: GPU0 a
+    /// quarter used.
+    fn cluster() -> Cluster {
+        let mut c = Cluster::new(vec![
+            mk_node("a", 2, 10, 1000),
+            mk_node("b", 2, 10, 1000),
+            mk_node("c", 2, 10, 1000),
+        ]);
+        c.node_mut(0).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 500,
+            usedcores: 50,
+        };
+        c.node_mut(2).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 250,
+            usedcores: 25,
+        };
+        c
+    }
+
+    fn run(c: &Cluster, cfg: SchedulerConfig, req: &PodRequest) -> Decision {
+        schedule(
+            c,
+            req,
+            0..c.nodes().len(),
+            &cfg,
+            None,
+            &mut SplitMix64::new(1),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn hami_policies_on_hand_checked_cases() {
+        let c = cluster();
+        let req = pod(1, 100, 10);
+        let cases = [
+            // node policy, gpu policy, node, gpu
+            (Policy::Binpack, GpuPolicy::Binpack, 0, 0),
+            (Policy::Binpack, GpuPolicy::Spread, 0, 1),
+            // b's GPUs tie: the walk from the end takes the last one.
+            (Policy::Spread, GpuPolicy::Spread, 1, 1),
+            (Policy::Spread, GpuPolicy::Binpack, 1, 1),
+        ];
+        for (np, gp, node, gpu) in cases {
+            let cfg = SchedulerConfig {
+                node_policy: np,
+                gpu_policy: gp,
+                ..SchedulerConfig::default()
+            };
+            let d = run(&c, cfg, &req);
+            assert_eq!((d.node, d.picks.app[0][0].gpu), (node, gpu), "{np}/{gp}");
+        }
+        // node score of a: 10*(1/20 + 50/200 + 500/2000)
+        let d = run(&c, SchedulerConfig::default(), &req);
+        assert!((d.score - 5.5).abs() < 1e-9, "{}", d.score);
+    }
+
+    #[test]
+    fn pod_annotations_override_cluster_policy() {
+        let c = cluster();
+        let mut req = pod(1, 100, 10);
+        req.node_policy = Some(Policy::Spread);
+        assert_eq!(run(&c, SchedulerConfig::default(), &req).node, 1);
+    }
+
+    #[test]
+    fn failing_nodes_are_reported_and_none_fitting_is_an_error() {
+        let c = cluster();
+        // Only a's free GPU1 is left on a, and a is still the fullest node.
+        let d = run(&c, SchedulerConfig::default(), &pod(1, 600, 60));
+        assert_eq!((d.node, d.picks.app[0][0].gpu), (0, 1));
+        let d = run(&c, SchedulerConfig::default(), &pod(2, 800, 60));
+        assert_eq!(d.node, 1, "only b has two GPUs with 800 MiB free");
+        assert_eq!(d.failed.len(), 2);
+        let err = schedule(
+            &c,
+            &pod(3, 1, 1),
+            0..3,
+            &SchedulerConfig::default(),
+            None,
+            &mut SplitMix64::new(1),
+        )
+        .unwrap_err();
+        let ScheduleError::NoNodeFits { failed } = err else {
+            panic!("{err}")
+        };
+        assert_eq!(failed.len(), 3);
+        assert_eq!(failed[0].1.to_string(), "1/2 NodeInsufficientDevice");
+    }
+
+    #[test]
+    fn bestfit_takes_the_tightest_gpu() {
+        let c = cluster();
+        let cfg = SchedulerConfig {
+            node_policy: Policy::BestFit,
+            ..SchedulerConfig::default()
+        };
+        let d = run(&c, cfg, &pod(1, 100, 40));
+        assert_eq!((d.node, d.picks.app[0][0].gpu), (0, 0));
+        // 60 cores: a keeps 1500-600 = 900 milli free on GPU1, c keeps
+        // 1750-600 on GPU0, b 2000-600: a is the tightest node.
+        let d = run(&c, cfg, &pod(1, 100, 60));
+        assert_eq!((d.node, d.picks.app[0][0].gpu), (0, 1));
+        // 80 cores fit only a free GPU: a (GPU1) still leaves the least.
+        let d = run(&c, cfg, &pod(1, 100, 80));
+        assert_eq!((d.node, d.picks.app[0][0].gpu), (0, 1));
+    }
+
+    #[test]
+    fn ties_break_by_seed_reproducibly_and_cover_all_nodes() {
+        let c = Cluster::new(
+            (0..4)
+                .map(|i| mk_node(&format!("n{i}"), 1, 10, 1000))
+                .collect(),
+        );
+        let cfg = SchedulerConfig {
+            node_policy: Policy::Random,
+            ..SchedulerConfig::default()
+        };
+        let mut seen = [0u32; 4];
+        let mut r1 = SplitMix64::new(9);
+        let mut r2 = SplitMix64::new(9);
+        for _ in 0..200 {
+            let a = schedule(&c, &pod(1, 1, 1), 0..4, &cfg, None, &mut r1)
+                .unwrap()
+                .node;
+            let b = schedule(&c, &pod(1, 1, 1), 0..4, &cfg, None, &mut r2)
+                .unwrap()
+                .node;
+            assert_eq!(a, b);
+            seen[a] += 1;
+        }
+        assert!(seen.iter().all(|s| *s > 20), "{seen:?}");
+    }
+
+    #[test]
+    fn fgd_needs_an_index_and_prefers_least_fragmenting_node() {
+        let c = cluster();
+        let cfg = SchedulerConfig {
+            node_policy: Policy::Fgd,
+            ..SchedulerConfig::default()
+        };
+        let err =
+            schedule(&c, &pod(1, 1, 1), 0..3, &cfg, None, &mut SplitMix64::new(1)).unwrap_err();
+        assert_eq!(err, ScheduleError::MissingFgdIndex);
+        // Workload of 500-milli pods: a 500 pod exactly fills a's GPU0.
+        let mut dist = ShapeDistribution::default();
+        dist.observe(Shape {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: 1,
+            milli: 500,
+            types: vec![],
+        });
+        let idx = FgdIndex::new(&dist, &c);
+        let d = schedule(
+            &c,
+            &pod(1, 500, 50),
+            0..3,
+            &cfg,
+            Some(&idx),
+            &mut SplitMix64::new(1),
+        )
+        .unwrap();
+        assert_eq!((d.node, d.picks.app[0][0].gpu), (0, 0));
+    }
+
+    #[test]
+    fn pod_devices_lists_init_then_app_containers() {
+        let c = cluster();
+        let mut req = pod(1, 100, 10);
+        req.init = vec![None];
+        req.app.push(None);
+        let d = run(&c, SchedulerConfig::default(), &req);
+        let devs = d.pod_devices(c.node(d.node).unwrap());
+        assert_eq!(devs.0.len(), 3);
+        assert!(devs.0[0].is_empty());
+        assert_eq!(devs.0[1][0].uuid, "GPU-a-1");
+        assert_eq!(devs.0[1][0].usedmem, 100);
+        assert_eq!(d.init_count(), 1);
+    }
+
+    #[test]
+    fn policy_names_parse() {
+        assert_eq!("BestFit".parse::<Policy>().unwrap(), Policy::BestFit);
+        assert!("dotprod".parse::<Policy>().is_err());
+        assert_eq!(
+            "spread,binpack".parse::<GpuPolicy>().unwrap(),
+            GpuPolicy::Spread
+        );
+        assert!(matches!(
+            "binpack,numa".parse::<GpuPolicy>(),
+            Err(PolicyError::Unsupported(_))
+        ));
+        assert!("".parse::<GpuPolicy>().is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever the policy and pod, a decision can always be reserved:
+        /// fit never picks more than a GPU has, so the ledger never refuses
+        /// it and no GPU is over-committed.
+        #[test]
+        fn decisions_never_over_commit(
+            pods in proptest::collection::vec((0usize..5, 1u32..3, 0u64..1200, 0u32..110, 0u64..3000), 1..40),
+            seed in 0u64..1000,
+        ) {
+            let mut c = Cluster::new(vec![
+                mk_node("a", 2, 3, 1000).with_capacity(NodeCapacity { cpu_milli: 4000, memory_mib: 1 << 20 }),
+                mk_node("b", 3, 2, 800).with_capacity(NodeCapacity { cpu_milli: 4000, memory_mib: 1 << 20 }),
+            ]);
+            let mut dist = ShapeDistribution::default();
+            dist.observe(Shape { cpu_milli: 1000, memory_mib: 0, gpus: 1, milli: 300, types: vec![] });
+            let mut rng = SplitMix64::new(seed);
+            for (i, (p, nums, mem, cores, cpu)) in pods.into_iter().enumerate() {
+                let policy = Policy::ALL[p];
+                let cfg = SchedulerConfig { node_policy: policy, ..SchedulerConfig::default() };
+                let idx = FgdIndex::new(&dist, &c);
+                let mut req = pod(nums, mem, cores.min(100));
+                req.cpu_milli = cpu;
+                if let Ok(d) = schedule(&c, &req, 0..2, &cfg, Some(&idx), &mut rng) {
+                    let node = c.node(d.node).unwrap();
+                    let devs = d.pod_devices(node);
+                    let host = HostResources { cpu_milli: cpu, memory_mib: 0 };
+                    let uid = format!("p{i}");
+                    proptest::prop_assert!(c.reserve(&uid, d.node, &devs, d.init_count(), host).is_ok());
+                }
+                for n in c.nodes() {
+                    for (g, u) in n.gpus.iter().zip(&n.usage) {
+                        proptest::prop_assert!(u.used <= g.count && u.usedmem <= g.devmem && u.usedcores <= g.devcore);
+                    }
+                }
+            }
+        }
+    }
+}
