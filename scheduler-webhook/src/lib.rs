@@ -2,6 +2,7 @@
 //! HTTP extender (`serve`), and the trace simulator (`simulate`), both over
 //! the same pure scheduling [`core`].
 
+pub mod cache;
 pub mod core;
 pub mod extender;
 pub mod quantity;

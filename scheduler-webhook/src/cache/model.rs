@@ -1,0 +1,543 @@
+//! The scheduler's view of the cluster, fed from Kubernetes objects and
+//! asked to place pods: the bridge between `k8s-openapi` types and the pure
+//! [`crate::core`].
+//!
+//! Pure and single-owner: one task applies watch events and answers filter
+//! and bind steps in order, so two filters can never book the same slice.
+//! Nothing here performs I/O or reads the clock.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod};
+use proto::hami::keys;
+use proto::hami::pod_devices::PodDevices;
+use proto::hami::register;
+
+use crate::core::model::{Cluster, Node};
+use crate::core::policy::{SchedulerConfig, schedule};
+use crate::core::request::{ContainerLite, PodRequest, PodSpecLite, RequestConfig};
+use crate::core::reservation::HostResources;
+use crate::core::rng::SplitMix64;
+use crate::quantity::parse_whole;
+
+/// What a filter concluded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FilterOutcome {
+    /// The pod asks for no GPU: every candidate passes (HAMi does the same).
+    NoGpuRequested,
+    /// Placed and reserved on `node`.
+    Placed {
+        /// The chosen node.
+        node: String,
+        /// What each container gets (init containers first).
+        devices: PodDevices,
+        /// Candidates that did not fit, with HAMi-format reasons.
+        failed: BTreeMap<String, String>,
+    },
+    /// No candidate fits.
+    NoFit {
+        /// Every candidate, with why.
+        failed: BTreeMap<String, String>,
+    },
+    /// The pod's requests cannot be read.
+    Invalid(String),
+}
+
+/// Scheduling configuration of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Node and GPU policies.
+    pub scheduler: SchedulerConfig,
+    /// Resource names and defaults.
+    pub requests: RequestConfig,
+    /// Seed for deterministic tie breaks.
+    pub seed: u64,
+}
+
+/// A pod whose allocation we know from its annotations.
+#[derive(Debug, Clone, PartialEq)]
+struct Allocation {
+    node: String,
+    devices: PodDevices,
+    init_count: usize,
+}
+
+/// The cluster model behind `/filter` and `/bind`.
+#[derive(Debug)]
+pub struct ClusterModel {
+    cluster: Cluster,
+    config: ModelConfig,
+    rng: SplitMix64,
+    /// Last register annotation seen per node, so it is decoded only on change.
+    registers: HashMap<String, String>,
+    /// Allocations waiting for their node to be known.
+    waiting: HashMap<String, Allocation>,
+}
+
+impl ClusterModel {
+    /// An empty model.
+    #[must_use]
+    pub fn new(config: ModelConfig) -> Self {
+        Self {
+            cluster: Cluster::new(Vec::new()),
+            rng: SplitMix64::new(config.seed),
+            config,
+            registers: HashMap::new(),
+            waiting: HashMap::new(),
+        }
+    }
+
+    /// The core cluster (read-only).
+    #[must_use]
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Applies a node from the watch. The register annotation is decoded
+    /// only when it changed; a node without one has no GPUs.
+    ///
+    /// # Errors
+    /// The register annotation does not decode; the node keeps its previous GPUs.
+    pub fn apply_node(&mut self, node: &KubeNode) -> Result<(), register::RegisterError> {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return Ok(());
+        };
+        let annotations = node.metadata.annotations.as_ref();
+        let value = annotations
+            .and_then(|a| a.get(keys::NODE_NVIDIA_REGISTER))
+            .cloned()
+            .unwrap_or_default();
+        let cordoned: Vec<String> = annotations
+            .and_then(|a| a.get(keys::DEVICE_CORDON))
+            .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
+            .unwrap_or_default();
+        if self.registers.get(name) != Some(&value) || self.cluster.node_id(name).is_none() {
+            let devices = if value.is_empty() {
+                Vec::new()
+            } else {
+                register::decode(&value)?
+            };
+            let mut fresh = Node::from_register(name, &devices);
+            fresh.set_cordoned(&cordoned);
+            self.cluster.upsert_node(fresh);
+            self.registers.insert(name.to_owned(), value);
+            self.replay_waiting(name);
+        } else if let Some(id) = self.cluster.node_id(name)
+            && let Some(existing) = self.cluster.node(id)
+        {
+            let mut updated = existing.clone();
+            updated.set_cordoned(&cordoned);
+            if updated != *existing {
+                self.cluster.upsert_node(updated);
+            }
+        }
+        Ok(())
+    }
+
+    /// A node was deleted: it keeps its name but offers no GPUs.
+    pub fn delete_node(&mut self, name: &str) {
+        if self.cluster.node_id(name).is_some() {
+            self.cluster.upsert_node(Node::from_register(name, &[]));
+        }
+        self.registers.remove(name);
+    }
+
+    /// Applies a pod from the watch: a live pod carrying an allocation
+    /// (`hami.io/vgpu-node` + `vgpu-devices-allocated`) holds it; a finished
+    /// pod releases whatever it held at once.
+    pub fn apply_pod(&mut self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return;
+        };
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed"))
+            || pod.metadata.deletion_timestamp.is_some()
+        {
+            self.delete_pod(uid);
+            return;
+        }
+        if let Some(allocation) = allocation_of(pod) {
+            self.observe(uid, allocation);
+        }
+    }
+
+    /// A pod is gone: release what it held or reserved.
+    pub fn delete_pod(&mut self, uid: &str) {
+        self.cluster.release(uid);
+        self.waiting.remove(uid);
+    }
+
+    fn observe(&mut self, uid: &str, allocation: Allocation) {
+        let Some(id) = self.cluster.node_id(&allocation.node) else {
+            self.waiting.insert(uid.to_owned(), allocation);
+            return;
+        };
+        // An allocation naming GPUs the node does not (yet) have is a fact we
+        // cannot place; keep it until the node registers them.
+        if self
+            .cluster
+            .observe_allocated(
+                uid,
+                id,
+                &allocation.devices,
+                allocation.init_count,
+                HostResources::default(),
+            )
+            .is_err()
+        {
+            self.waiting.insert(uid.to_owned(), allocation);
+        } else {
+            self.waiting.remove(uid);
+        }
+    }
+
+    fn replay_waiting(&mut self, node: &str) {
+        let ready: Vec<(String, Allocation)> = self
+            .waiting
+            .iter()
+            .filter(|(_, a)| a.node == node)
+            .map(|(u, a)| (u.clone(), a.clone()))
+            .collect();
+        for (uid, allocation) in ready {
+            self.waiting.remove(&uid);
+            self.observe(&uid, allocation);
+        }
+    }
+
+    /// Places a pod among `candidates` and reserves the slices for its UID
+    /// (replacing any earlier reservation of the same pod).
+    pub fn filter(&mut self, pod: &Pod, candidates: &[String]) -> FilterOutcome {
+        let lite = match pod_lite(pod) {
+            Ok(l) => l,
+            Err(e) => return FilterOutcome::Invalid(e),
+        };
+        let request = match PodRequest::from_pod(&lite, &self.config.requests) {
+            Ok(r) => r,
+            Err(e) => return FilterOutcome::Invalid(e.to_string()),
+        };
+        if !request.wants_gpu() {
+            return FilterOutcome::NoGpuRequested;
+        }
+        // HAMi drops the pod's earlier reservation before fitting again.
+        self.cluster.release(&lite.uid);
+
+        let mut failed = BTreeMap::new();
+        let mut ids = Vec::with_capacity(candidates.len());
+        for name in candidates {
+            match self.cluster.node_id(name) {
+                Some(id) => ids.push(id),
+                None => {
+                    failed.insert(name.clone(), "node unregistered".to_owned());
+                }
+            }
+        }
+        let name_of =
+            |cluster: &Cluster, id| cluster.node(id).map(|n| n.name.clone()).unwrap_or_default();
+        match schedule(
+            &self.cluster,
+            &request,
+            ids,
+            &self.config.scheduler,
+            None,
+            &mut self.rng,
+        ) {
+            Ok(decision) => {
+                for (id, why) in &decision.failed {
+                    failed.insert(name_of(&self.cluster, *id), why.to_string());
+                }
+                let Some(node) = self.cluster.node(decision.node) else {
+                    return FilterOutcome::NoFit { failed };
+                };
+                let devices = decision.pod_devices(node);
+                let node_name = node.name.clone();
+                match self.cluster.reserve(
+                    &lite.uid,
+                    decision.node,
+                    &devices,
+                    decision.init_count(),
+                    HostResources::default(),
+                ) {
+                    Ok(()) => FilterOutcome::Placed {
+                        node: node_name,
+                        devices,
+                        failed,
+                    },
+                    Err(e) => {
+                        failed.insert(node_name, e.to_string());
+                        FilterOutcome::NoFit { failed }
+                    }
+                }
+            }
+            Err(crate::core::policy::ScheduleError::NoNodeFits { failed: refused }) => {
+                for (id, why) in refused {
+                    failed.insert(name_of(&self.cluster, id), why.to_string());
+                }
+                FilterOutcome::NoFit { failed }
+            }
+            Err(e) => FilterOutcome::Invalid(e.to_string()),
+        }
+    }
+
+    /// Marks a pod's reservation bound.
+    ///
+    /// # Errors
+    /// The pod has no reservation (it was never filtered here, or was released).
+    pub fn commit(&mut self, uid: &str) -> Result<(), crate::core::reservation::ReservationError> {
+        self.cluster.commit(uid)
+    }
+
+    /// Drops a pod's reservation (bind failed); harmless when there is none.
+    pub fn release(&mut self, uid: &str) -> bool {
+        self.cluster.release(uid)
+    }
+
+    /// The node a pod holds or reserved slices on.
+    #[must_use]
+    pub fn node_of(&self, uid: &str) -> Option<&str> {
+        let usage = self.cluster.pod_usage(uid)?;
+        self.cluster.node(usage.node).map(|n| n.name.as_str())
+    }
+}
+
+/// The allocation a pod's annotations record, if any.
+fn allocation_of(pod: &Pod) -> Option<Allocation> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let node = annotations.get(keys::VGPU_NODE)?.clone();
+    let devices: PodDevices = annotations
+        .get(keys::VGPU_DEVICES_ALLOCATED)?
+        .parse()
+        .ok()?;
+    let spec = pod.spec.as_ref()?;
+    let init = spec.init_containers.as_ref().map_or(0, Vec::len);
+    // ≤ v2.8 encoded only app containers.
+    let init_count = if devices.0.len() == spec.containers.len() && init > 0 {
+        0
+    } else {
+        init
+    };
+    Some(Allocation {
+        node,
+        devices,
+        init_count,
+    })
+}
+
+/// The parts of a pod the core reads.
+///
+/// # Errors
+/// A resource quantity that is not a whole number, naming container and resource.
+pub fn pod_lite(pod: &Pod) -> Result<PodSpecLite, String> {
+    let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
+    let containers = |list: &[Container]| -> Result<Vec<ContainerLite>, String> {
+        list.iter().map(container_lite).collect()
+    };
+    Ok(PodSpecLite {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+        init_containers: containers(spec.init_containers.as_deref().unwrap_or(&[]))?,
+        containers: containers(&spec.containers)?,
+        cpu_milli: 0,
+        memory_mib: 0,
+    })
+}
+
+fn container_lite(c: &Container) -> Result<ContainerLite, String> {
+    let read = |map: Option<
+        &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        map.into_iter()
+            .flatten()
+            .filter(|(name, _)| name.contains('/'))
+            .map(|(name, q)| {
+                parse_whole(&q.0)
+                    .map(|v| (name.clone(), v))
+                    .map_err(|e| format!("container {} resource {name}: {e}", c.name))
+            })
+            .collect::<Result<BTreeMap<_, _>, _>>()
+    };
+    let resources = c.resources.as_ref();
+    Ok(ContainerLite {
+        name: c.name.clone(),
+        limits: read(resources.and_then(|r| r.limits.as_ref()))?,
+        requests: read(resources.and_then(|r| r.requests.as_ref()))?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::hami::register::NodeDevice;
+    use serde_json::json;
+
+    use super::*;
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            scheduler: SchedulerConfig::default(),
+            requests: RequestConfig::default(),
+            seed: 7,
+        }
+    }
+
+    fn kube_node(name: &str, gpus: u32, mem: u32) -> KubeNode {
+        let devices: Vec<NodeDevice> = (0..gpus)
+            .map(|i| NodeDevice {
+                id: format!("GPU-{name}-{i}"),
+                index: i,
+                count: 10,
+                devmem: mem,
+                devcore: 100,
+                device_type: "NVIDIA-Tesla T4".into(),
+                numa: 0,
+                mode: "hami-core".into(),
+                health: true,
+            })
+            .collect();
+        serde_json::from_value(json!({"metadata": {"name": name, "annotations": {
+            keys::NODE_NVIDIA_REGISTER: register::encode_json(&devices).unwrap()
+        }}}))
+        .unwrap()
+    }
+
+    fn slice_pod(uid: &str, mem: u32, cores: u32) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {
+                "nvidia.com/gpu": "1", "nvidia.com/gpumem": mem.to_string(), "nvidia.com/gpucores": cores.to_string()}}}]}
+        }))
+        .unwrap()
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_slice_is_placed_and_reserved_so_the_next_filter_sees_it() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+        let FilterOutcome::Placed { node, devices, .. } =
+            model.filter(&slice_pod("a", 600, 10), &names(&["n1"]))
+        else {
+            panic!("expected a placement");
+        };
+        assert_eq!(node, "n1");
+        assert_eq!(devices.to_string(), "GPU-n1-0,NVIDIA,600,10:;");
+        // 400 MiB left: a second 600 MiB pod does not fit.
+        let FilterOutcome::NoFit { failed } =
+            model.filter(&slice_pod("b", 600, 10), &names(&["n1"]))
+        else {
+            panic!("expected no fit");
+        };
+        assert_eq!(failed["n1"], "1/1 CardInsufficientMemory");
+        // Filtering the first pod again replaces, not doubles, its reservation.
+        assert!(matches!(
+            model.filter(&slice_pod("a", 600, 10), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        // Releasing makes room.
+        assert!(model.release("a"));
+        assert!(matches!(
+            model.filter(&slice_pod("b", 600, 10), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+    }
+
+    #[test]
+    fn unknown_candidates_are_reported_unregistered() {
+        let mut model = ClusterModel::new(config());
+        let FilterOutcome::NoFit { failed } =
+            model.filter(&slice_pod("a", 100, 10), &names(&["ghost"]))
+        else {
+            panic!("expected no fit");
+        };
+        assert_eq!(failed["ghost"], "node unregistered");
+    }
+
+    #[test]
+    fn pods_without_gpu_pass_and_bad_quantities_are_invalid() {
+        let mut model = ClusterModel::new(config());
+        let cpu_pod: Pod = serde_json::from_value(
+            json!({"metadata": {"uid": "x"}, "spec": {"containers": [{"name": "c"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            model.filter(&cpu_pod, &names(&["n1"])),
+            FilterOutcome::NoGpuRequested
+        );
+        let mut bad = slice_pod("y", 1, 1);
+        bad.spec.as_mut().unwrap().containers[0]
+            .resources
+            .as_mut()
+            .unwrap()
+            .limits
+            .as_mut()
+            .unwrap()
+            .insert(
+                "nvidia.com/gpumem".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("lots".into()),
+            );
+        let FilterOutcome::Invalid(why) = model.filter(&bad, &names(&["n1"])) else {
+            panic!("expected invalid");
+        };
+        assert!(why.contains("nvidia.com/gpumem"), "{why}");
+    }
+
+    #[test]
+    fn allocations_from_annotations_count_and_finished_pods_release_them() {
+        let mut model = ClusterModel::new(config());
+        // The pod arrives before its node: its allocation waits for the node.
+        let mut held = slice_pod("held", 900, 10);
+        held.metadata.annotations = Some(BTreeMap::from([
+            (keys::VGPU_NODE.to_owned(), "n1".to_owned()),
+            (
+                keys::VGPU_DEVICES_ALLOCATED.to_owned(),
+                "GPU-n1-0,NVIDIA,900,10:;".to_owned(),
+            ),
+        ]));
+        model.apply_pod(&held);
+        model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+        assert_eq!(model.node_of("held"), Some("n1"));
+        assert!(matches!(
+            model.filter(&slice_pod("b", 200, 10), &names(&["n1"])),
+            FilterOutcome::NoFit { .. }
+        ));
+        held.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+        model.apply_pod(&held);
+        assert_eq!(model.node_of("held"), None);
+        assert!(matches!(
+            model.filter(&slice_pod("b", 200, 10), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+    }
+
+    #[test]
+    fn a_bad_register_annotation_is_an_error_and_keeps_the_gpus() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 2, 1000)).unwrap();
+        let broken: KubeNode =
+            serde_json::from_value(json!({"metadata": {"name": "n1", "annotations": {
+            keys::NODE_NVIDIA_REGISTER: "[{\"id\":"}}}))
+            .unwrap();
+        assert!(model.apply_node(&broken).is_err());
+        let id = model.cluster().node_id("n1").unwrap();
+        assert_eq!(model.cluster().node(id).unwrap().gpus.len(), 2);
+    }
+
+    #[test]
+    fn cordoned_gpus_are_skipped() {
+        let mut model = ClusterModel::new(config());
+        let mut node = kube_node("n1", 1, 1000);
+        node.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(keys::DEVICE_CORDON.into(), "GPU-n1-0".into());
+        model.apply_node(&node).unwrap();
+        let FilterOutcome::NoFit { failed } =
+            model.filter(&slice_pod("a", 100, 10), &names(&["n1"]))
+        else {
+            panic!("expected no fit");
+        };
+        assert_eq!(failed["n1"], "1/1 CardCordoned");
+    }
+}
