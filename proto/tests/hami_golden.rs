@@ -202,3 +202,86 @@ fn app2_of_the_pod_example_gets_hamis_env_and_mounts() {
     );
     assert_eq!(slice.mounts.len(), 4);
 }
+
+/// The worked example of `docs/protocol.md`, checked against the codecs, and
+/// the document checked to contain exactly these values.
+#[test]
+fn docs_protocol_worked_example_is_what_the_codecs_produce() {
+    const DOC: &str = include_str!("../../docs/protocol.md");
+    const A: &str = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448";
+    const B: &str = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec";
+    const UID: &str = "5f0c0a8e-3b1d-4c1e-9a53-2f4d1c0b7e61";
+    const CACHE: &str = "0b6f7c1e-52a4-4f0e-9d3b-6f1c2a7e9d10";
+
+    // Bind: lock, times, the device annotations.
+    let lock = NodeLock::acquired_at(1_760_929_622, "default", "train-0").unwrap();
+    assert!(DOC.contains(&format!("hami.io/mutex.lock: {lock}")));
+    let vgpu_time = BindTime::from_unix_seconds(1_760_929_621).unwrap();
+    assert!(DOC.contains(&format!("hami.io/vgpu-time: \"{vgpu_time}\"")));
+    let bind_time = BindTime::from_unix_seconds(lock.time.to_unix_seconds()).unwrap();
+    assert!(DOC.contains(&format!("hami.io/bind-time: \"{bind_time}\"")));
+    assert!(DOC.contains(&format!("hami.io/bind-phase: {}", BindPhase::Allocating)));
+    assert!(DOC.contains(&format!("hami.io/bind-phase: {}", BindPhase::Success)));
+    assert!(DOC.contains(&format!("hami.io/bind-phase: {}", BindPhase::Failed)));
+
+    let pd = PodDevices(vec![
+        vec![],
+        vec![ContainerDevice::nvidia(A, 3000, 30)],
+        vec![
+            ContainerDevice::nvidia(B, 1000, 0),
+            ContainerDevice::nvidia(A, 1000, 0),
+        ],
+    ]);
+    let at_bind = pd.try_encode().unwrap();
+    assert!(DOC.contains(&format!("hami.io/vgpu-devices-to-allocate: {at_bind}\n")));
+    assert!(DOC.contains(&format!("hami.io/vgpu-devices-allocated: {at_bind}\n")));
+
+    // Allocate app1: first pending entry is container 1.
+    let (index, app1) = pd.first_pending().unwrap();
+    assert_eq!(index, 1);
+    let mut ctx = ContractContext::new(UID, "app1", CACHE);
+    ctx.lib_cuda_log_level = Some(1);
+    let slice = container_env_and_mounts(app1, &ctx).unwrap();
+    for (k, v) in &slice.envs {
+        assert!(
+            DOC.contains(&format!("\n{k}={v}\n")),
+            "{k}={v} missing from the doc"
+        );
+    }
+    for m in &slice.mounts {
+        let mode = if m.read_only { "ro" } else { "rw" };
+        let line = DOC
+            .lines()
+            .find(|l| l.starts_with(&format!("mount {} ", m.container_path)))
+            .unwrap_or_else(|| panic!("no mount line for {}", m.container_path));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            words,
+            ["mount", &m.container_path, "<-", &m.host_path, mode]
+        );
+    }
+    let after_app1 = pd.erase_container(index).unwrap();
+    assert!(DOC.contains(&format!("hami.io/vgpu-devices-to-allocate: {after_app1}\n")));
+
+    // Allocate app2: only separators remain.
+    let (index, app2) = after_app1.first_pending().unwrap();
+    let slice = container_env_and_mounts(app2, &ContractContext::new(UID, "app2", CACHE)).unwrap();
+    assert_eq!(slice.envs["NVIDIA_VISIBLE_DEVICES"], format!("{B},{A}"));
+    assert_eq!(slice.envs["CUDA_DEVICE_SM_LIMIT"], "0");
+    let done = after_app1.erase_container(index).unwrap();
+    assert!(!done.has_pending_devices());
+    assert!(DOC.contains(&format!("hami.io/vgpu-devices-to-allocate: {done}\n")));
+
+    // Part 1 values.
+    assert!(DOC.contains(&format!("\n{REGISTER_JSON}\n")));
+    assert!(DOC.contains(&format!("\n{REGISTER_LEGACY}\n")));
+    for value in [
+        "Requesting_2025-10-20 03:06:50",
+        "Requesting_2025.10.20 03:06:50",
+        "Deleted_2025-10-20 03:06:50",
+        "Reported 2025-10-20 03:06:50.123456789 +0000 UTC m=+12.5",
+    ] {
+        assert!(DOC.contains(&format!("`{value}`")), "{value}");
+        value.parse::<Handshake>().unwrap();
+    }
+}
