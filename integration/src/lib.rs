@@ -3,3 +3,4 @@
 //! tests, the benchmarks and the sandbox.
 
 pub mod fake_apiserver;
+pub mod fake_kubelet;

@@ -1,0 +1,280 @@
+//! fake-kubelet: a stand-in for one node's kubelet as a device plugin sees it.
+//!
+//! It serves `Registration` on `<dir>/kubelet.sock`, dials each registering
+//! plugin, follows its `ListAndWatch` stream, and admits pods **one at a
+//! time** the way kubelet's device manager does (init containers first, one
+//! `GetPreferredAllocation` when advertised and one `Allocate` per container
+//! and resource). Results are kubelet's: `Running`, or `Failed` with reason
+//! `UnexpectedAdmissionError` and kubelet's message. A restart wipes the
+//! sockets in the folder and keeps allocations (the checkpoint), so plugins
+//! must register again.
+//!
+//! Layout:
+//! - [`devices`]: the device table (pure): health, free/used IDs, choosing.
+//! - [`admission`]: reading pods (pure): container order, requests, batches.
+//! - [`record`]: the allocation record (JSON file per pod, pod annotation).
+//! - [`checkpoint`]: `kubelet_internal_checkpoint`.
+//! - `manager`: the state owner task and the serial admission worker.
+//! - [`registration`]: the gRPC server and plugin connections.
+//! - [`node`]: the Kubernetes side (node status, pod watch, pod status) over
+//!   any apiserver through `kube::Client`.
+//!
+//! Pods reach admission through [`FakeKubelet::admit`] /
+//! [`FakeKubelet::admit_batch`] — the pod watcher in [`node`] uses the same
+//! entry point.
+
+pub mod admission;
+pub mod checkpoint;
+pub mod devices;
+mod manager;
+pub mod node;
+pub mod record;
+pub mod registration;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use thiserror::Error;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+pub use devices::ResourceCount;
+pub use manager::NodeDevices;
+pub use record::{
+    ALLOCATIONS_ANNOTATION, ContainerAllocation, Outcome, PodAdmission, UNEXPECTED_ADMISSION_ERROR,
+};
+
+use manager::{Batch, StateHandle};
+use registration::RegistrationHandle;
+
+/// Errors of the fake kubelet's own machinery (not admission outcomes).
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The state owner or admission worker has stopped.
+    #[error("fake kubelet stopped")]
+    Stopped,
+    /// Filesystem work on the device-plugins folder failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A wait ran past its deadline.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(Duration, &'static str),
+}
+
+/// Result alias of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where the fake kubelet keeps its files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The device-plugins folder: `kubelet.sock`, plugin sockets and the
+    /// checkpoint live here.
+    pub dir: PathBuf,
+    /// Folder for `<namespace>_<pod>.json` admission records, if any.
+    pub record_dir: Option<PathBuf>,
+}
+
+/// A running fake kubelet (device manager part). Dropping it stops it.
+pub struct FakeKubelet {
+    config: Config,
+    state: StateHandle,
+    batches: mpsc::UnboundedSender<Batch>,
+    devices: watch::Receiver<NodeDevices>,
+    server: Option<RegistrationHandle>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+// === impl FakeKubelet ===
+
+impl FakeKubelet {
+    /// Starts like kubelet: reads the checkpoint in `config.dir` (if any),
+    /// wipes the sockets there, and serves `Registration` on `kubelet.sock`.
+    pub async fn start(config: Config) -> Result<Self> {
+        let io = |what, path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::Io { what, path, source }
+        };
+        std::fs::create_dir_all(&config.dir).map_err(io("creating", &config.dir))?;
+        let checkpoint_path = config.dir.join(checkpoint::CHECKPOINT_FILE);
+        let table = checkpoint::Checkpoint::read(&checkpoint_path)
+            .map_err(io("reading", &checkpoint_path))?
+            .map(|c| c.restore())
+            .unwrap_or_default();
+        registration::wipe_sockets(&config.dir).map_err(io("wiping sockets in", &config.dir))?;
+
+        let (state, devices, state_task) = manager::spawn_state(table, checkpoint_path);
+        let (batches, batch_rx) = mpsc::unbounded_channel();
+        let worker = tokio::spawn(manager::run_admissions(
+            batch_rx,
+            state.clone(),
+            config.record_dir.clone(),
+        ));
+        let server = RegistrationHandle::start(&config.dir, state.clone())
+            .map_err(io("binding", &config.dir))?;
+        Ok(Self {
+            config,
+            state,
+            batches,
+            devices,
+            server: Some(server),
+            tasks: vec![state_task, worker],
+        })
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Path of `kubelet.sock`.
+    pub fn socket(&self) -> PathBuf {
+        self.config
+            .dir
+            .join(proto::deviceplugin::v1beta1::KUBELET_SOCKET)
+    }
+
+    /// Admits one pod through the serial queue and returns its outcome.
+    pub async fn admit(&self, pod: Pod) -> Result<PodAdmission> {
+        self.admit_batch(vec![pod])
+            .await?
+            .pop()
+            .ok_or(Error::Stopped)
+    }
+
+    /// Admits a batch (sorted by creation time, one pod at a time) and
+    /// returns the outcomes in admission order.
+    pub async fn admit_batch(&self, pods: Vec<Pod>) -> Result<Vec<PodAdmission>> {
+        let rx = self.submit(pods)?;
+        rx.await.map_err(|_| Error::Stopped)
+    }
+
+    /// Queues a batch without waiting; the receiver yields the outcomes.
+    pub fn submit(&self, pods: Vec<Pod>) -> Result<oneshot::Receiver<Vec<PodAdmission>>> {
+        let (reply, rx) = oneshot::channel();
+        self.batches
+            .send(Batch { pods, reply })
+            .map_err(|_| Error::Stopped)?;
+        Ok(rx)
+    }
+
+    /// A handle that can queue batches and free pods from other tasks.
+    pub fn admitter(&self) -> Admitter {
+        Admitter {
+            batches: self.batches.clone(),
+            state: self.state.clone(),
+        }
+    }
+
+    /// Frees every device the pod with `uid` holds (the pod was deleted or
+    /// finished). Returns whether it held any.
+    pub async fn remove_pod(&self, uid: &str) -> Result<bool> {
+        self.admitter().remove_pod(uid).await
+    }
+
+    /// The current device view.
+    pub fn devices(&self) -> NodeDevices {
+        self.devices.borrow().clone()
+    }
+
+    /// A receiver of device-view snapshots (changes only).
+    pub fn watch_devices(&self) -> watch::Receiver<NodeDevices> {
+        self.devices.clone()
+    }
+
+    /// Waits until `condition` holds for the device view, or `deadline` passes.
+    pub async fn wait_devices(
+        &self,
+        deadline: Duration,
+        what: &'static str,
+        condition: impl FnMut(&NodeDevices) -> bool,
+    ) -> Result<NodeDevices> {
+        let mut rx = self.devices.clone();
+        match tokio::time::timeout(deadline, rx.wait_for(condition)).await {
+            Ok(Ok(view)) => Ok(view.clone()),
+            Ok(Err(_)) => Err(Error::Stopped),
+            Err(_) => Err(Error::Timeout(deadline, what)),
+        }
+    }
+
+    /// Restarts like kubelet: drops plugin connections and the registration
+    /// server, forgets devices (capacity reads 0), wipes the sockets in the
+    /// folder and serves `kubelet.sock` again. Allocations stay.
+    pub async fn restart(&mut self) -> Result<()> {
+        if let Some(server) = self.server.take() {
+            server.stop().await;
+        }
+        self.state.with(manager::State::restart).await?;
+        let dir = self.config.dir.clone();
+        registration::wipe_sockets(&dir).map_err(|source| Error::Io {
+            what: "wiping sockets in",
+            path: dir.clone(),
+            source,
+        })?;
+        let server =
+            RegistrationHandle::start(&dir, self.state.clone()).map_err(|source| Error::Io {
+                what: "binding",
+                path: dir.clone(),
+                source,
+            })?;
+        self.server = Some(server);
+        Ok(())
+    }
+
+    /// Stops serving and admitting.
+    pub async fn shutdown(mut self) {
+        if let Some(server) = self.server.take() {
+            server.stop().await;
+        }
+        for task in self.tasks.drain(..) {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
+
+/// A clonable handle onto the admission queue and the device table.
+#[derive(Clone)]
+pub struct Admitter {
+    batches: mpsc::UnboundedSender<Batch>,
+    state: StateHandle,
+}
+
+impl Admitter {
+    /// Queues a batch; the receiver yields the outcomes in admission order.
+    pub fn submit(&self, pods: Vec<Pod>) -> Result<oneshot::Receiver<Vec<PodAdmission>>> {
+        let (reply, rx) = oneshot::channel();
+        self.batches
+            .send(Batch { pods, reply })
+            .map_err(|_| Error::Stopped)?;
+        Ok(rx)
+    }
+
+    /// Frees every device the pod with `uid` holds.
+    pub async fn remove_pod(&self, uid: &str) -> Result<bool> {
+        let uid = uid.to_owned();
+        self.state.with(move |s| s.table.abort_pod(&uid)).await
+    }
+
+    /// Frees the devices of every pod whose UID is not in `active`.
+    pub async fn retain_pods(
+        &self,
+        active: std::collections::BTreeSet<String>,
+    ) -> Result<Vec<String>> {
+        self.state.with(move |s| s.table.retain_pods(&active)).await
+    }
+}

@@ -1,0 +1,473 @@
+//! The fake kubelet's Kubernetes side, over any apiserver via `kube::Client`:
+//! registers the Node, keeps `status.capacity`/`allocatable` of the device
+//! resources equal to what the plugins report, watches pods bound to the node,
+//! feeds them to the admission queue and writes the outcome back (pod status,
+//! an allocation annotation, a Warning event on rejection).
+//!
+//! Owns only the translation between API objects and the fake kubelet's
+//! typed API ([`super::Admitter`]); admission itself happens there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::admission::{self, PodIdentity};
+use super::record::{ALLOCATIONS_ANNOTATION, Outcome, PodAdmission};
+use super::{Admitter, FakeKubelet, NodeDevices};
+
+/// How long to wait before retrying a failed node status write.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// The node this kubelet stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// Node name (`spec.nodeName` of its pods).
+    pub node_name: String,
+    /// Device-plugin resources reported even before a plugin registers (as 0).
+    pub resources: Vec<String>,
+    /// `cpu` capacity written when the node is created.
+    pub cpu: String,
+    /// `memory` capacity written when the node is created.
+    pub memory: String,
+    /// `pods` capacity written when the node is created.
+    pub pods: String,
+}
+
+impl NodeConfig {
+    /// A node with 8 CPUs, 32 GiB and 110 pods.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            resources: Vec::new(),
+            cpu: "8".into(),
+            memory: "32Gi".into(),
+            pods: "110".into(),
+        }
+    }
+}
+
+/// Errors of the Kubernetes side.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// An API call failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// Which call.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The running Kubernetes side; dropping it stops its tasks.
+pub struct NodeAgent {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for NodeAgent {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
+
+impl NodeAgent {
+    /// Registers the node (creates it if missing) and starts syncing its
+    /// device capacity and admitting its pods.
+    pub async fn start(
+        kubelet: &FakeKubelet,
+        client: kube::Client,
+        config: NodeConfig,
+    ) -> Result<Self, NodeError> {
+        ensure_node(&client, &config).await?;
+        let capacity = tokio::spawn(sync_capacity(
+            client.clone(),
+            config.clone(),
+            kubelet.watch_devices(),
+        ));
+        let (results, result_rx) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(write_outcomes(
+            client.clone(),
+            config.node_name.clone(),
+            kubelet.admitter(),
+            result_rx,
+        ));
+        let pods = tokio::spawn(watch_pods(
+            client,
+            config.node_name.clone(),
+            kubelet.admitter(),
+            results,
+        ));
+        Ok(Self {
+            tasks: vec![capacity, writer, pods],
+        })
+    }
+
+    /// Stops the tasks.
+    pub async fn shutdown(mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+fn api_err(what: &'static str) -> impl FnOnce(kube::Error) -> NodeError {
+    move |source| NodeError::Api { what, source }
+}
+
+/// Creates the Node if it does not exist, then marks it Ready with its
+/// CPU, memory and pod capacity (kubelet's node registration).
+async fn ensure_node(client: &kube::Client, config: &NodeConfig) -> Result<(), NodeError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    if nodes
+        .get_opt(&config.node_name)
+        .await
+        .map_err(api_err("reading the node"))?
+        .is_none()
+    {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": config.node_name,
+                "labels": {
+                    "kubernetes.io/hostname": config.node_name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                },
+            },
+        }))
+        .map_err(|e| NodeError::Api {
+            what: "building the node",
+            source: kube::Error::SerdeError(e),
+        })?;
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => info!(node = %config.node_name, "node registered"),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(api_err("creating the node")(e)),
+        }
+    }
+    let basics = json!({"cpu": config.cpu, "memory": config.memory, "pods": config.pods});
+    let now = Timestamp::now().to_string();
+    let status = json!({"status": {
+        "capacity": basics,
+        "allocatable": basics,
+        "conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "kubelet is posting ready status",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }],
+        "nodeInfo": {"kubeletVersion": "v1.33.0-fake", "operatingSystem": "linux", "architecture": "amd64",
+            "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "", "osImage": "",
+            "containerRuntimeVersion": "", "kubeProxyVersion": ""},
+    }});
+    nodes
+        .patch_status(
+            &config.node_name,
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .map_err(api_err("patching the node status"))?;
+    Ok(())
+}
+
+/// The device part of the node status: every resource the plugins reported,
+/// plus configured ones at 0.
+pub fn device_status(
+    config: &NodeConfig,
+    view: &NodeDevices,
+) -> BTreeMap<String, super::ResourceCount> {
+    let mut counts: BTreeMap<_, _> = config
+        .resources
+        .iter()
+        .map(|r| (r.clone(), super::ResourceCount::default()))
+        .collect();
+    counts.extend(view.counts.clone());
+    counts
+}
+
+/// Keeps the node's device capacity/allocatable in step with the plugins.
+async fn sync_capacity(
+    client: kube::Client,
+    config: NodeConfig,
+    mut view: watch::Receiver<NodeDevices>,
+) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut published: Option<BTreeMap<String, super::ResourceCount>> = None;
+    loop {
+        let wanted = device_status(&config, &view.borrow_and_update());
+        if published.as_ref() != Some(&wanted) {
+            let capacity: BTreeMap<_, _> = wanted
+                .iter()
+                .map(|(r, c)| (r.clone(), c.capacity.to_string()))
+                .collect();
+            let allocatable: BTreeMap<_, _> = wanted
+                .iter()
+                .map(|(r, c)| (r.clone(), c.allocatable.to_string()))
+                .collect();
+            let patch = json!({"status": {"capacity": capacity, "allocatable": allocatable}});
+            match nodes
+                .patch_status(
+                    &config.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => {
+                    debug!(?wanted, "node device capacity published");
+                    published = Some(wanted);
+                }
+                Err(error) => {
+                    warn!(%error, "publishing node device capacity failed; retrying");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+        }
+        if view.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Watches the node's pods and feeds the admission queue: a (re)list is one
+/// batch, each new pod afterwards is a batch of one. Deleted and finished
+/// pods free their devices.
+async fn watch_pods(
+    client: kube::Client,
+    node: String,
+    admitter: Admitter,
+    results: mpsc::UnboundedSender<oneshot::Receiver<Vec<PodAdmission>>>,
+) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut stream = watcher(pods, config).default_backoff().boxed();
+    let mut submitted: BTreeSet<String> = BTreeSet::new();
+    let mut listing: Vec<Pod> = Vec::new();
+    while let Some(event) = stream.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                warn!(%error, "pod watch error");
+                continue;
+            }
+        };
+        let mut batch = Vec::new();
+        match event {
+            watcher::Event::Init => listing.clear(),
+            watcher::Event::InitApply(pod) => listing.push(pod),
+            watcher::Event::InitDone => {
+                let listed = std::mem::take(&mut listing);
+                let active: BTreeSet<String> = listed
+                    .iter()
+                    .filter(|p| !admission::is_terminal(p))
+                    .map(|p| PodIdentity::of(p).uid)
+                    .collect();
+                if admitter.retain_pods(active.clone()).await.is_err() {
+                    return;
+                }
+                submitted.retain(|uid| active.contains(uid));
+                for pod in listed {
+                    batch.extend(on_pod(&client, &admitter, &mut submitted, pod).await);
+                }
+            }
+            watcher::Event::Apply(pod) => {
+                batch.extend(on_pod(&client, &admitter, &mut submitted, pod).await)
+            }
+            watcher::Event::Delete(pod) => {
+                let uid = PodIdentity::of(&pod).uid;
+                submitted.remove(&uid);
+                let _ = admitter.remove_pod(&uid).await;
+            }
+        }
+        if !batch.is_empty() {
+            let Ok(rx) = admitter.submit(batch) else {
+                return;
+            };
+            if results.send(rx).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Handles one pod seen on the watch; returns it if it must be admitted.
+async fn on_pod(
+    client: &kube::Client,
+    admitter: &Admitter,
+    submitted: &mut BTreeSet<String>,
+    pod: Pod,
+) -> Option<Pod> {
+    let id = PodIdentity::of(&pod);
+    if pod.metadata.deletion_timestamp.is_some() {
+        // Graceful deletion: "stop" the containers, free the devices, and
+        // confirm the deletion as kubelet does (grace period 0).
+        let _ = admitter.remove_pod(&id.uid).await;
+        let scoped: Api<Pod> = Api::namespaced(client.clone(), &id.namespace);
+        if let Err(error) = scoped
+            .delete(&id.name, &DeleteParams::default().grace_period(0))
+            .await
+        {
+            debug!(%error, pod = %id.name, "confirming pod deletion failed");
+        }
+        return None;
+    }
+    if admission::is_terminal(&pod) {
+        let _ = admitter.remove_pod(&id.uid).await;
+        return None;
+    }
+    submitted.insert(id.uid).then_some(pod)
+}
+
+/// Writes each admission outcome back to its pod, in admission order.
+async fn write_outcomes(
+    client: kube::Client,
+    node: String,
+    admitter: Admitter,
+    mut results: mpsc::UnboundedReceiver<oneshot::Receiver<Vec<PodAdmission>>>,
+) {
+    while let Some(rx) = results.recv().await {
+        let Ok(admissions) = rx.await else { return };
+        for admission in admissions {
+            if let Err(error) = write_outcome(&client, &node, &admission).await {
+                if matches!(&error, NodeError::Api { source: kube::Error::Api(s), .. } if s.code == 404)
+                {
+                    // Deleted while being admitted: nothing may keep its devices.
+                    let _ = admitter.remove_pod(&admission.uid).await;
+                } else {
+                    warn!(%error, pod = %admission.name, "writing the admission outcome failed");
+                }
+            }
+        }
+    }
+}
+
+/// The `status` kubelet writes for an admitted pod.
+pub fn running_status(pod: &Pod, now: &str) -> Value {
+    let plans = admission::container_plans(pod).unwrap_or_default();
+    let container = |c: &admission::ContainerPlan| {
+        let image = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+            .find(|x| x.name == c.name)
+            .and_then(|x| x.image.clone())
+            .unwrap_or_default();
+        let done = c.init && !c.restartable_init;
+        let state = if done {
+            json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}})
+        } else {
+            json!({"running": {"startedAt": now}})
+        };
+        json!({"name": c.name, "image": image, "imageID": "", "ready": !done, "started": !done,
+               "restartCount": 0, "state": state})
+    };
+    let init: Vec<Value> = plans.iter().filter(|c| c.init).map(container).collect();
+    let app: Vec<Value> = plans.iter().filter(|c| !c.init).map(container).collect();
+    let condition = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
+    json!({
+        "phase": "Running",
+        "startTime": now,
+        "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"), condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
+        "initContainerStatuses": init,
+        "containerStatuses": app,
+    })
+}
+
+/// Writes one outcome: status (and annotation, or a Warning event).
+async fn write_outcome(
+    client: &kube::Client,
+    node: &str,
+    admission: &PodAdmission,
+) -> Result<(), NodeError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &admission.namespace);
+    let now = Timestamp::now();
+    match &admission.outcome {
+        Outcome::Running => {
+            let pod = pods
+                .get(&admission.name)
+                .await
+                .map_err(api_err("reading the pod"))?;
+            let allocations = serde_json::to_string(&admission.containers).unwrap_or_default();
+            let meta = json!({"metadata": {"annotations": {ALLOCATIONS_ANNOTATION: allocations}}});
+            pods.patch(
+                &admission.name,
+                &PatchParams::default(),
+                &Patch::Merge(&meta),
+            )
+            .await
+            .map_err(api_err("annotating the pod"))?;
+            if admission::phase(&pod) != "Running" {
+                let status = json!({"status": running_status(&pod, &now.to_string())});
+                pods.patch_status(
+                    &admission.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&status),
+                )
+                .await
+                .map_err(api_err("writing the pod status"))?;
+            }
+        }
+        Outcome::Failed { reason, message } => {
+            let status =
+                json!({"status": {"phase": "Failed", "reason": reason, "message": message}});
+            pods.patch_status(
+                &admission.name,
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .map_err(api_err("writing the pod status"))?;
+            let event_message = message
+                .strip_prefix("Pod was rejected: ")
+                .unwrap_or(message);
+            let event = Event {
+                metadata: ObjectMeta {
+                    generate_name: Some(format!("{}.", admission.name)),
+                    namespace: Some(admission.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                involved_object: ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(admission.name.clone()),
+                    namespace: Some(admission.namespace.clone()),
+                    uid: Some(admission.uid.clone()),
+                    ..ObjectReference::default()
+                },
+                reason: Some(reason.clone()),
+                message: Some(event_message.to_owned()),
+                type_: Some("Warning".into()),
+                count: Some(1),
+                first_timestamp: Some(Time(now)),
+                last_timestamp: Some(Time(now)),
+                event_time: None::<MicroTime>,
+                reporting_component: Some("kubelet".into()),
+                reporting_instance: Some(node.to_owned()),
+                source: Some(k8s_openapi::api::core::v1::EventSource {
+                    component: Some("kubelet".into()),
+                    host: Some(node.to_owned()),
+                }),
+                ..Event::default()
+            };
+            let events: Api<Event> = Api::namespaced(client.clone(), &admission.namespace);
+            if let Err(error) = events.create(&PostParams::default(), &event).await {
+                debug!(%error, "recording the rejection event failed");
+            }
+        }
+    }
+    Ok(())
+}

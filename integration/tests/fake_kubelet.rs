@@ -1,0 +1,740 @@
+//! fake-kubelet against a device plugin written here (not node-daemon): a
+//! tonic `DevicePlugin` on a tempdir socket that registers, advertises devices
+//! through `ListAndWatch`, answers `GetPreferredAllocation` and logs every
+//! `Allocate` call. No Kubernetes: pods go through `FakeKubelet::admit*`, the
+//! entry point the pod watcher uses too.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::Stream;
+use integration::fake_kubelet::{
+    Config, FakeKubelet, NodeDevices, Outcome, PodAdmission, ResourceCount,
+    UNEXPECTED_ADMISSION_ERROR, record,
+};
+use k8s_openapi::api::core::v1::Pod;
+use proto::deviceplugin::v1beta1 as api;
+use proto::deviceplugin::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use proto::deviceplugin::v1beta1::registration_client::RegistrationClient;
+use serde_json::json;
+use tokio::net::UnixListener;
+use tokio::sync::{oneshot, watch};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+const RESOURCE: &str = "example.com/gpu";
+const DEADLINE: Duration = Duration::from_secs(10);
+
+// === the test device plugin ===
+
+/// What the plugin saw.
+#[derive(Default)]
+struct Log {
+    /// Device IDs of each `Allocate` call, in arrival order.
+    allocations: Mutex<Vec<Vec<String>>>,
+    /// `GetPreferredAllocation` requests, in arrival order.
+    preferred: Mutex<Vec<api::ContainerPreferredAllocationRequest>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    /// `Allocate` calls still to fail.
+    failures_left: AtomicUsize,
+    /// Times the plugin noticed its socket was wiped.
+    wipes: AtomicUsize,
+}
+
+#[derive(Clone)]
+struct TestPlugin {
+    devices: watch::Receiver<Vec<api::Device>>,
+    log: Arc<Log>,
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for TestPlugin {
+    type ListAndWatchStream = DeviceStream;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
+        Ok(Response::new(api::DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: true,
+        }))
+    }
+
+    async fn list_and_watch(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let rx = self.devices.clone();
+        let stream = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
+            if !first && rx.changed().await.is_err() {
+                return None;
+            }
+            let devices = rx.borrow_and_update().clone();
+            Some((Ok(api::ListAndWatchResponse { devices }), (rx, false)))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    /// Prefers the highest-numbered available IDs, so a test can tell the
+    /// hint was used.
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let mut responses = Vec::new();
+        for r in request.into_inner().container_requests {
+            self.log.preferred.lock().unwrap().push(r.clone());
+            let mut ids = r.must_include_device_i_ds.clone();
+            for id in r.available_device_i_ds.iter().rev() {
+                if ids.len() >= r.allocation_size as usize {
+                    break;
+                }
+                if !ids.contains(id) {
+                    ids.push(id.clone());
+                }
+            }
+            responses.push(api::ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses: responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
+        let now = self.log.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.log.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        // Stay in flight a moment so that any concurrent call would overlap.
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let request = request.into_inner();
+        let result = if self.log.failures_left.load(Ordering::SeqCst) > 0 {
+            self.log.failures_left.fetch_sub(1, Ordering::SeqCst);
+            Err(Status::internal("boom"))
+        } else {
+            let responses = request
+                .container_requests
+                .iter()
+                .map(|c| {
+                    self.log
+                        .allocations
+                        .lock()
+                        .unwrap()
+                        .push(c.devices_ids.clone());
+                    api::ContainerAllocateResponse {
+                        envs: [("TEST_DEVICES".to_owned(), c.devices_ids.join(","))]
+                            .into_iter()
+                            .collect(),
+                        mounts: vec![api::Mount {
+                            container_path: "/usr/lib/test".into(),
+                            host_path: "/opt/test".into(),
+                            read_only: true,
+                        }],
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            Ok(Response::new(api::AllocateResponse {
+                container_responses: responses,
+            }))
+        };
+        self.log.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+/// A running test plugin: serves its socket, registers, and (like real
+/// plugins) serves and registers again whenever its socket is wiped.
+struct PluginHandle {
+    devices: watch::Sender<Vec<api::Device>>,
+    log: Arc<Log>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PluginHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn device(id: &str, healthy: bool) -> api::Device {
+    api::Device {
+        id: id.into(),
+        health: if healthy {
+            api::HEALTHY
+        } else {
+            api::UNHEALTHY
+        }
+        .into(),
+        topology: None,
+    }
+}
+
+fn devices(n: usize) -> Vec<api::Device> {
+    (0..n).map(|i| device(&format!("dev-{i}"), true)).collect()
+}
+
+async fn register(dir: &Path, endpoint: &str) -> Result<(), Status> {
+    let channel = integration::fake_kubelet::registration::dial(dir.join(api::KUBELET_SOCKET))
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let request = api::RegisterRequest {
+        version: api::VERSION.into(),
+        endpoint: endpoint.into(),
+        resource_name: RESOURCE.into(),
+        options: Some(api::DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: true,
+        }),
+    };
+    RegistrationClient::new(channel)
+        .register(request)
+        .await
+        .map(|_| ())
+}
+
+/// Waits (polling the filesystem, which has no event to await here) until
+/// `condition` holds.
+async fn until_path(path: &Path, condition: impl Fn(bool) -> bool) {
+    while !condition(path.exists()) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn start_plugin(dir: PathBuf, initial: Vec<api::Device>) -> PluginHandle {
+    let (devices, rx) = watch::channel(initial);
+    let log = Arc::new(Log::default());
+    let plugin = TestPlugin {
+        devices: rx,
+        log: log.clone(),
+    };
+    let endpoint = "test-plugin.sock";
+    let task = tokio::spawn(async move {
+        let socket = dir.join(endpoint);
+        loop {
+            until_path(&dir.join(api::KUBELET_SOCKET), |exists| exists).await;
+            let _ = std::fs::remove_file(&socket);
+            let listener = UnixListener::bind(&socket).unwrap();
+            let (stop, stopped) = oneshot::channel::<()>();
+            let server = tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(DevicePluginServer::new(plugin.clone()))
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                        let _ = stopped.await;
+                    }),
+            );
+            while register(&dir, endpoint).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            until_path(&socket, |exists| !exists).await;
+            plugin.log.wipes.fetch_add(1, Ordering::SeqCst);
+            let _ = stop.send(());
+            let _ = server.await;
+        }
+    });
+    PluginHandle { devices, log, task }
+}
+
+// === helpers ===
+
+struct Node {
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    records: PathBuf,
+    kubelet: FakeKubelet,
+}
+
+async fn node() -> Node {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("device-plugins");
+    let records = tmp.path().join("records");
+    let kubelet = FakeKubelet::start(Config {
+        dir: dir.clone(),
+        record_dir: Some(records.clone()),
+    })
+    .await
+    .unwrap();
+    Node {
+        _dir: tmp,
+        dir,
+        records,
+        kubelet,
+    }
+}
+
+/// A pod created `created` seconds after a fixed instant, with app containers
+/// `(name, devices)` and init containers likewise.
+fn pod(name: &str, created: u32, containers: &[(&str, u32)], init: &[(&str, u32)]) -> Pod {
+    let c = |(n, g): &(&str, u32)| json!({"name": n, "image": "busybox", "resources": {"limits": {RESOURCE: g.to_string(), "cpu": "100m"}}});
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+            "creationTimestamp": format!("2026-01-01T00:{:02}:{:02}Z", created / 60, created % 60),
+        },
+        "spec": {
+            "nodeName": "node-a",
+            "containers": containers.iter().map(c).collect::<Vec<_>>(),
+            "initContainers": init.iter().map(c).collect::<Vec<_>>(),
+        },
+    }))
+    .unwrap()
+}
+
+fn count(view: &NodeDevices) -> ResourceCount {
+    view.counts.get(RESOURCE).copied().unwrap_or_default()
+}
+
+async fn registered_with(node: &Node, n: u64) -> NodeDevices {
+    node.kubelet
+        .wait_devices(DEADLINE, "registration and devices", |v| {
+            v.connected.contains(RESOURCE)
+                && count(v)
+                    == ResourceCount {
+                        capacity: n,
+                        allocatable: n,
+                    }
+        })
+        .await
+        .unwrap()
+}
+
+fn ids(a: &PodAdmission) -> Vec<String> {
+    a.containers
+        .iter()
+        .flat_map(|c| c.device_ids.clone())
+        .collect()
+}
+
+// === tests ===
+
+#[tokio::test]
+async fn capacity_follows_list_and_watch_health() {
+    let node = node().await;
+    let plugin = start_plugin(node.dir.clone(), devices(4));
+    registered_with(&node, 4).await;
+
+    plugin
+        .devices
+        .send_modify(|d| d[2].health = api::UNHEALTHY.into());
+    let view = node
+        .kubelet
+        .wait_devices(DEADLINE, "one unhealthy device", |v| {
+            count(v)
+                == ResourceCount {
+                    capacity: 4,
+                    allocatable: 3,
+                }
+        })
+        .await
+        .unwrap();
+    assert!(view.devices[RESOURCE].contains(&("dev-2".to_owned(), false)));
+
+    plugin.devices.send_modify(|d| {
+        d.pop();
+    });
+    node.kubelet
+        .wait_devices(DEADLINE, "three devices", |v| {
+            count(v)
+                == ResourceCount {
+                    capacity: 3,
+                    allocatable: 2,
+                }
+        })
+        .await
+        .unwrap();
+
+    // A plugin that goes away leaves its devices unhealthy: allocatable 0.
+    drop(plugin);
+    node.kubelet
+        .wait_devices(DEADLINE, "plugin gone", |v| {
+            !v.connected.contains(RESOURCE)
+                && count(v)
+                    == ResourceCount {
+                        capacity: 3,
+                        allocatable: 0,
+                    }
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn allocate_calls_are_serial_and_in_creation_order() {
+    let node = node().await;
+    let plugin = start_plugin(node.dir.clone(), devices(20));
+    registered_with(&node, 20).await;
+
+    // Sizes tell the pods apart at the plugin, which never learns pod names.
+    let batch = vec![
+        pod("c", 3, &[("main", 4)], &[]),
+        pod("a", 1, &[("main", 3)], &[]),
+        pod("d", 4, &[("main", 2)], &[]),
+        pod("b", 2, &[("main", 1)], &[]),
+    ];
+    let second = vec![
+        pod("f", 6, &[("main", 2)], &[]),
+        pod("e", 5, &[("main", 1), ("side", 1)], &[]),
+    ];
+    let first_rx = node.kubelet.submit(batch).unwrap();
+    let second_rx = node.kubelet.submit(second).unwrap();
+    let (first, second) = (first_rx.await.unwrap(), second_rx.await.unwrap());
+
+    let order: Vec<&str> = first
+        .iter()
+        .chain(&second)
+        .map(|a| a.name.as_str())
+        .collect();
+    assert_eq!(order, ["a", "b", "c", "d", "e", "f"]);
+    assert!(first.iter().chain(&second).all(PodAdmission::is_running));
+
+    let calls = plugin.log.allocations.lock().unwrap().clone();
+    let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+    assert_eq!(
+        sizes,
+        [3, 1, 4, 2, 1, 1, 2],
+        "one Allocate per container, pods in creation order"
+    );
+    assert_eq!(
+        plugin.log.max_in_flight.load(Ordering::SeqCst),
+        1,
+        "Allocate calls overlapped"
+    );
+
+    // Every call was preceded by a GetPreferredAllocation of the same size,
+    // and the hint (highest free IDs) was used.
+    let preferred = plugin.log.preferred.lock().unwrap().clone();
+    assert_eq!(
+        preferred
+            .iter()
+            .map(|p| p.allocation_size as usize)
+            .collect::<Vec<_>>(),
+        sizes
+    );
+    assert_eq!(calls[0], ["dev-9", "dev-8", "dev-7"]);
+    let all: std::collections::BTreeSet<String> = calls.iter().flatten().cloned().collect();
+    assert_eq!(all.len(), 14, "no device handed out twice");
+    let recorded: Vec<Vec<String>> = first
+        .iter()
+        .chain(&second)
+        .flat_map(|a| a.containers.iter().map(|c| c.device_ids.clone()))
+        .collect();
+    assert_eq!(recorded, calls);
+}
+
+#[tokio::test]
+async fn insufficient_devices_fail_the_pod_like_kubelet() {
+    let node = node().await;
+    let plugin = start_plugin(node.dir.clone(), devices(2));
+    registered_with(&node, 2).await;
+
+    let a = node
+        .kubelet
+        .admit(pod("a", 1, &[("main", 2)], &[]))
+        .await
+        .unwrap();
+    assert!(a.is_running());
+    let b = node
+        .kubelet
+        .admit(pod("b", 2, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.outcome,
+        Outcome::Failed {
+            reason: UNEXPECTED_ADMISSION_ERROR.into(),
+            message: "Pod was rejected: Allocate failed due to requested number of devices unavailable for example.com/gpu. \
+                      Requested: 1, Available: 0, which is unexpected"
+                .into(),
+        }
+    );
+    assert!(b.containers.is_empty());
+    assert_eq!(
+        plugin.log.allocations.lock().unwrap().len(),
+        1,
+        "no Allocate for the rejected pod"
+    );
+
+    let rec = record::read_record(&node.records, "ns", "b").unwrap();
+    assert_eq!(rec, b);
+}
+
+#[tokio::test]
+async fn deleting_a_pod_frees_its_device_ids() {
+    let node = node().await;
+    let _plugin = start_plugin(node.dir.clone(), devices(1));
+    registered_with(&node, 1).await;
+
+    let a = node
+        .kubelet
+        .admit(pod("a", 1, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&a), ["dev-0"]);
+    assert!(
+        !node
+            .kubelet
+            .admit(pod("b", 2, &[("main", 1)], &[]))
+            .await
+            .unwrap()
+            .is_running()
+    );
+    assert!(node.kubelet.remove_pod("uid-a").await.unwrap());
+    assert!(!node.kubelet.devices().allocations.contains_key("uid-a"));
+    let c = node
+        .kubelet
+        .admit(pod("c", 3, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&c), ["dev-0"]);
+}
+
+#[tokio::test]
+async fn restart_wipes_sockets_plugin_registers_again_and_running_pods_keep_devices() {
+    let mut node = node().await;
+    let plugin = start_plugin(node.dir.clone(), devices(2));
+    registered_with(&node, 2).await;
+    let a = node
+        .kubelet
+        .admit(pod("a", 1, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    let before = node.kubelet.devices().registrations;
+
+    node.kubelet.restart().await.unwrap();
+    node.kubelet
+        .wait_devices(DEADLINE, "re-registration", |v| {
+            v.registrations > before
+                && count(v)
+                    == ResourceCount {
+                        capacity: 2,
+                        allocatable: 2,
+                    }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        plugin.log.wipes.load(Ordering::SeqCst),
+        1,
+        "the plugin saw its socket wiped once"
+    );
+    assert!(
+        node.dir
+            .join(integration::fake_kubelet::checkpoint::CHECKPOINT_FILE)
+            .exists(),
+        "checkpoint survives"
+    );
+
+    // The running pod is admitted again after the restart without Allocate.
+    let mut running = pod("a", 1, &[("main", 1)], &[]);
+    running.status = Some(serde_json::from_value(json!({"phase": "Running"})).unwrap());
+    let again = node.kubelet.admit(running).await.unwrap();
+    assert!(again.is_running());
+    assert_eq!(ids(&again), ids(&a));
+    assert_eq!(
+        again.containers[0].reply, a.containers[0].reply,
+        "reply kept from the checkpoint"
+    );
+    assert_eq!(plugin.log.allocations.lock().unwrap().len(), 1);
+
+    let b = node
+        .kubelet
+        .admit(pod("b", 2, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    assert!(b.is_running());
+    assert_ne!(ids(&b), ids(&a));
+    assert_eq!(plugin.log.allocations.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn restarted_process_restores_allocations_from_the_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_owned();
+    let first = FakeKubelet::start(Config {
+        dir: dir.clone(),
+        record_dir: None,
+    })
+    .await
+    .unwrap();
+    let plugin = start_plugin(dir.clone(), devices(2));
+    first
+        .wait_devices(DEADLINE, "registration", |v| count(v).allocatable == 2)
+        .await
+        .unwrap();
+    let a = first.admit(pod("a", 1, &[("main", 1)], &[])).await.unwrap();
+    first.shutdown().await;
+
+    let second = FakeKubelet::start(Config {
+        dir: dir.clone(),
+        record_dir: None,
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        second.devices().allocations["uid-a"]["main"][RESOURCE],
+        ids(&a)
+    );
+    second
+        .wait_devices(DEADLINE, "re-registration", |v| count(v).allocatable == 2)
+        .await
+        .unwrap();
+    let b = second
+        .admit(pod("b", 2, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    assert_ne!(ids(&b), ids(&a));
+    drop(plugin);
+}
+
+#[tokio::test]
+async fn allocate_failure_fails_the_pod_and_releases_its_devices() {
+    let node = node().await;
+    let plugin = start_plugin(node.dir.clone(), devices(1));
+    registered_with(&node, 1).await;
+    plugin.log.failures_left.store(1, Ordering::SeqCst);
+
+    let a = node
+        .kubelet
+        .admit(pod("a", 1, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    let Outcome::Failed { reason, message } = &a.outcome else {
+        panic!("admitted: {a:?}")
+    };
+    assert_eq!(reason, UNEXPECTED_ADMISSION_ERROR);
+    assert_eq!(
+        message,
+        "Pod was rejected: Allocate failed due to rpc error: code = Internal desc = boom, which is unexpected"
+    );
+    let b = node
+        .kubelet
+        .admit(pod("b", 2, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&b), ["dev-0"]);
+}
+
+#[tokio::test]
+async fn init_container_devices_are_reused_by_app_containers() {
+    let node = node().await;
+    let plugin = start_plugin(node.dir.clone(), devices(2));
+    registered_with(&node, 2).await;
+
+    let a = node
+        .kubelet
+        .admit(pod("a", 1, &[("main", 1)], &[("init", 1)]))
+        .await
+        .unwrap();
+    let per_container: Vec<(&str, bool, &[String])> = a
+        .containers
+        .iter()
+        .map(|c| (c.container.as_str(), c.init, c.device_ids.as_slice()))
+        .collect();
+    assert_eq!(per_container.len(), 2);
+    assert_eq!((per_container[0].0, per_container[0].1), ("init", true));
+    assert_eq!(
+        per_container[0].2, per_container[1].2,
+        "app container reuses the init container's device"
+    );
+    let preferred = plugin.log.preferred.lock().unwrap().clone();
+    assert_eq!(
+        preferred.len(),
+        1,
+        "reuse alone satisfies the app container: no hint asked"
+    );
+
+    let b = node
+        .kubelet
+        .admit(pod("b", 2, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    assert!(b.is_running(), "the second device is still free: {b:?}");
+}
+
+#[tokio::test]
+async fn records_carry_the_allocate_reply() {
+    let node = node().await;
+    let _plugin = start_plugin(node.dir.clone(), devices(2));
+    registered_with(&node, 2).await;
+    let a = node
+        .kubelet
+        .admit(pod("a", 1, &[("main", 2)], &[]))
+        .await
+        .unwrap();
+    let rec = record::read_record(&node.records, "ns", "a").unwrap();
+    assert_eq!(rec, a);
+    let reply = &rec.containers[0].reply;
+    assert_eq!(
+        reply.envs["TEST_DEVICES"],
+        rec.containers[0].device_ids.join(",")
+    );
+    assert_eq!(reply.mounts[0].host_path, "/opt/test");
+}
+
+#[tokio::test]
+async fn registration_is_validated_like_kubelet() {
+    let node = node().await;
+    let channel = integration::fake_kubelet::registration::dial(node.kubelet.socket())
+        .await
+        .unwrap();
+    let mut client = RegistrationClient::new(channel);
+    let bad_version = api::RegisterRequest {
+        version: "v1alpha".into(),
+        endpoint: "x.sock".into(),
+        resource_name: RESOURCE.into(),
+        options: None,
+    };
+    let err = client.register(bad_version).await.unwrap_err();
+    assert!(
+        err.message()
+            .contains("requested API version \"v1alpha\" is not supported"),
+        "{err:?}"
+    );
+    let no_socket = api::RegisterRequest {
+        version: api::VERSION.into(),
+        endpoint: "missing.sock".into(),
+        resource_name: RESOURCE.into(),
+        options: None,
+    };
+    let err = client.register(no_socket).await.unwrap_err();
+    assert!(
+        err.message().starts_with("failed to dial device plugin"),
+        "{err:?}"
+    );
+    assert_eq!(node.kubelet.devices().registrations, 0);
+}
+
+#[tokio::test]
+async fn pod_without_registered_plugin_is_rejected_but_plain_pods_run() {
+    let node = node().await;
+    let plain: Pod = serde_json::from_value(json!({"metadata": {"name": "plain", "namespace": "ns"}, "spec": {"containers": [{"name": "c"}]}})).unwrap();
+    assert!(node.kubelet.admit(plain).await.unwrap().is_running());
+    // Never registered: kubelet does not treat the resource as a device-plugin
+    // resource and admits the pod without allocating (its scheduler-side
+    // predicates would have caught it).
+    let a = node
+        .kubelet
+        .admit(pod("a", 1, &[("main", 1)], &[]))
+        .await
+        .unwrap();
+    assert!(a.is_running());
+    assert!(a.containers.is_empty());
+}
