@@ -228,6 +228,18 @@ impl SliceLedger {
             .collect();
         keys.iter().filter(|k| self.release(k).is_some()).count()
     }
+
+    /// Frees every slice of pods not in `live` (deleted or finished pods);
+    /// returns how many were freed.
+    pub fn release_pods_except(&mut self, live: &std::collections::BTreeSet<String>) -> usize {
+        let keys: Vec<SliceKey> = self
+            .held
+            .keys()
+            .filter(|k| !live.contains(&k.pod_uid))
+            .cloned()
+            .collect();
+        keys.iter().filter(|k| self.release(k).is_some()).count()
+    }
 }
 
 #[cfg(test)]
@@ -335,6 +347,10 @@ mod tests {
             }
         );
         assert_eq!(l.release(&key("a", 0)), None);
+        l.commit(key("c", 0), slice(100, 10)).unwrap();
+        let live = ["c".to_owned()].into_iter().collect();
+        assert_eq!(l.release_pods_except(&live), 1);
+        assert_eq!(l.holdings().count(), 1);
     }
 
     #[derive(Debug, Clone)]

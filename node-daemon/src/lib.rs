@@ -2,6 +2,9 @@
 //! GPUs, hands each container its slice (HAMi-core env and mounts), and
 //! publishes the node's GPUs as the HAMi register annotation.
 
+pub mod actors;
+pub mod allocation;
+pub mod cluster;
 pub mod devices;
 pub mod ledger;
 pub mod settings;

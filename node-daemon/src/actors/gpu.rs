@@ -1,0 +1,157 @@
+//! `GpuActor`: the only owner of one GPU's [`SliceLedger`]. Every handler
+//! makes exactly one ledger call, so the ledger's invariants (no
+//! over-commit) hold whatever the interleaving of messages.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use actix::{Actor, Context, Handler, Message, Supervised};
+use tracing::{debug, info};
+
+use crate::ledger::{Committed, LedgerError, Slice, SliceKey, SliceLedger};
+
+/// Holds a slice for a container (a verb: the GPU commits or refuses).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Committed, LedgerError>")]
+pub struct CommitSlice {
+    /// Who holds it.
+    pub key: SliceKey,
+    /// What is held.
+    pub slice: Slice,
+}
+
+/// Frees a container's slice; answers what it held.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Option<Slice>")]
+pub struct ReleaseSlice {
+    /// Who held it.
+    pub key: SliceKey,
+}
+
+/// Frees the slices of every pod not in `live`; answers how many.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "usize")]
+pub struct ReleasePodsExcept {
+    /// UIDs of the pods still alive on the node.
+    pub live: Arc<BTreeSet<String>>,
+}
+
+/// A copy of the ledger, for metrics and tests.
+#[derive(Debug, Clone, Copy, Message)]
+#[rtype(result = "SliceLedger")]
+pub struct GetLedger;
+
+/// One GPU's ledger as an actor.
+#[derive(Debug)]
+pub struct GpuActor {
+    uuid: String,
+    ledger: SliceLedger,
+}
+
+impl GpuActor {
+    /// The actor of GPU `uuid` with `ledger` (already rebuilt).
+    #[must_use]
+    pub fn new(uuid: String, ledger: SliceLedger) -> Self {
+        Self { uuid, ledger }
+    }
+}
+
+impl Actor for GpuActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Self::Context) {
+        let usage = self.ledger.usage();
+        info!(gpu = %self.uuid, slots = usage.slots, memory_mib = usage.memory_mib, cores = usage.cores, "GPU actor started");
+    }
+}
+
+/// Restarted in place with its ledger: the ledger is the truth and was
+/// never handed out, so nothing needs rebuilding.
+impl Supervised for GpuActor {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        info!(gpu = %self.uuid, "GPU actor restarting");
+    }
+}
+
+impl Handler<CommitSlice> for GpuActor {
+    type Result = Result<Committed, LedgerError>;
+
+    fn handle(&mut self, msg: CommitSlice, _: &mut Self::Context) -> Self::Result {
+        let out = self.ledger.commit(msg.key, msg.slice);
+        debug!(gpu = %self.uuid, ?out, "commit");
+        out
+    }
+}
+
+impl Handler<ReleaseSlice> for GpuActor {
+    type Result = Option<Slice>;
+
+    fn handle(&mut self, msg: ReleaseSlice, _: &mut Self::Context) -> Self::Result {
+        self.ledger.release(&msg.key)
+    }
+}
+
+impl Handler<ReleasePodsExcept> for GpuActor {
+    type Result = usize;
+
+    fn handle(&mut self, msg: ReleasePodsExcept, _: &mut Self::Context) -> Self::Result {
+        let freed = self.ledger.release_pods_except(&msg.live);
+        if freed > 0 {
+            info!(gpu = %self.uuid, freed, "released slices of pods gone from the node");
+        }
+        freed
+    }
+}
+
+impl Handler<GetLedger> for GpuActor {
+    type Result = actix::MessageResult<GetLedger>;
+
+    fn handle(&mut self, _: GetLedger, _: &mut Self::Context) -> Self::Result {
+        actix::MessageResult(self.ledger.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix::Supervisor;
+
+    use super::*;
+    use crate::ledger::Capacity;
+
+    #[actix::test]
+    async fn concurrent_commits_never_exceed_the_slots() {
+        let ledger = SliceLedger::new(Capacity {
+            slots: 4,
+            memory_mib: 10_000,
+            cores: 100,
+        });
+        let gpu = Supervisor::start(|_| GpuActor::new("GPU-a".into(), ledger));
+        let sends: Vec<_> = (0..20)
+            .map(|i| {
+                gpu.send(CommitSlice {
+                    key: SliceKey {
+                        pod_uid: format!("p{i}"),
+                        container: 0,
+                    },
+                    slice: Slice {
+                        memory_mib: 100,
+                        cores: 5,
+                    },
+                })
+            })
+            .collect();
+        let results = futures::future::join_all(sends).await;
+        let granted = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+        assert_eq!(granted, 4);
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Ok(Ok(_)) | Ok(Err(LedgerError::NoSlot { slots: 4 }))))
+        );
+        let ledger = gpu.send(GetLedger).await.unwrap();
+        assert_eq!(ledger.usage().slots, 4);
+        let live = Arc::new(["p0".to_owned()].into_iter().collect());
+        let freed = gpu.send(ReleasePodsExcept { live }).await.unwrap();
+        assert_eq!(freed, 3);
+    }
+}

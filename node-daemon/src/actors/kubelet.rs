@@ -1,0 +1,367 @@
+//! `KubeletActor`: answers the device-plugin service. It holds no GPU
+//! state: it reads the pods of the node, lets the pure `allocation`
+//! functions decide, asks the GPU actors to commit, and writes the pod's
+//! annotations. Allocates run one at a time (an atomic response), as
+//! kubelet admits pods one at a time anyway.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use actix::{
+    Actor, Addr, AtomicResponse, Context, Handler, Message, ResponseFuture, WrapFuture as _,
+};
+use proto::hami::bind::BindPhase;
+use proto::hami::container_contract::{ContainerSlice, ContractContext, container_env_and_mounts};
+use proto::hami::keys;
+use proto::hami::node_lock::LockOwner;
+use tracing::{info, warn};
+
+use super::gpu::{CommitSlice, GpuActor, ReleasePodsExcept, ReleaseSlice};
+use crate::allocation::{
+    AllocateError, ContainerPlan, PodFailure, identify_pod, plan_container, prefer_devices,
+};
+use crate::cluster::{AnnotationPatch, Cluster, PodView};
+use crate::ledger::{Committed, SliceKey};
+
+/// Serves Allocate: one entry per container request, each the device IDs
+/// kubelet picked.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<ContainerSlice>, AllocateError>")]
+pub struct AllocateContainers {
+    /// Device IDs per container request.
+    pub requests: Vec<Vec<String>>,
+}
+
+/// One container of a GetPreferredAllocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreferenceRequest {
+    /// IDs kubelet may choose from.
+    pub available: Vec<String>,
+    /// IDs kubelet must include.
+    pub must_include: Vec<String>,
+    /// How many to choose.
+    pub size: usize,
+}
+
+/// Picks preferred device IDs per container request (a hint to kubelet).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Vec<Vec<String>>, AllocateError>")]
+pub struct PreferDevices {
+    /// One per container request.
+    pub requests: Vec<PreferenceRequest>,
+}
+
+/// What the contract needs from the settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContractSettings {
+    /// Host folder of HAMi-core (`HOOK_PATH`).
+    pub hook_path: PathBuf,
+    /// `deviceMemoryScaling`.
+    pub device_memory_scaling: f64,
+}
+
+/// Everything an Allocate needs; cheap to clone into the response future.
+#[derive(Clone)]
+pub struct Allocator {
+    /// This node.
+    pub node: String,
+    /// The API.
+    pub cluster: Arc<dyn Cluster>,
+    /// The GPU actors by UUID.
+    pub gpus: Arc<BTreeMap<String, Addr<GpuActor>>>,
+    /// Contract settings.
+    pub contract: ContractSettings,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator")
+            .field("node", &self.node)
+            .field("gpus", &self.gpus.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Allocator {
+    /// Lists the node's pods and releases the slices of pods gone or finished.
+    async fn pods(&self) -> Result<Vec<PodView>, AllocateError> {
+        let pods = self
+            .cluster
+            .pods_on_node(&self.node)
+            .await
+            .map_err(AllocateError::Cluster)?;
+        let live: Arc<BTreeSet<String>> = Arc::new(
+            pods.iter()
+                .filter(|p| !p.is_terminal())
+                .map(|p| p.uid.clone())
+                .collect(),
+        );
+        for gpu in self.gpus.values() {
+            let _ = gpu
+                .send(ReleasePodsExcept {
+                    live: Arc::clone(&live),
+                })
+                .await;
+        }
+        Ok(pods)
+    }
+
+    async fn node_lock(&self) -> Option<String> {
+        match self.cluster.node_lock(&self.node).await {
+            Ok(lock) => lock,
+            Err(error) => {
+                warn!(%error, "cannot read the node lock; identifying the pod without it");
+                None
+            }
+        }
+    }
+
+    /// Serves one Allocate; see the Allocate steps.
+    ///
+    /// # Errors
+    /// An [`AllocateError`] saying which pod and why; the ledgers are rolled
+    /// back and the pod marked `bind-phase=failed`.
+    pub async fn allocate(
+        &self,
+        requests: &[Vec<String>],
+    ) -> Result<Vec<ContainerSlice>, AllocateError> {
+        let first = requests.first().ok_or(AllocateError::EmptyRequest)?;
+        let pods = self.pods().await?;
+        let lock = self.node_lock().await;
+        let (pod, todo) = identify_pod(&self.node, lock.as_deref(), &pods, first.len())?;
+        let mut committed = Vec::new();
+        match self.serve(pod, todo, requests, &mut committed).await {
+            Ok(slices) => Ok(slices),
+            Err(reason) => {
+                for (uuid, key) in committed {
+                    if let Some(gpu) = self.gpus.get(&uuid) {
+                        let _ = gpu.send(ReleaseSlice { key }).await;
+                    }
+                }
+                let failed: AnnotationPatch = [(
+                    keys::BIND_PHASE.to_owned(),
+                    Some(BindPhase::Failed.to_string()),
+                )]
+                .into_iter()
+                .collect();
+                if let Err(error) = self
+                    .cluster
+                    .patch_pod_annotations(&pod.namespace, &pod.name, failed)
+                    .await
+                {
+                    warn!(pod = %pod.full_name(), %error, "cannot mark the pod bind-phase=failed");
+                }
+                self.release_lock(pod).await;
+                let error = reason.of(pod);
+                warn!(pod = %pod.full_name(), %error, "Allocate failed");
+                Err(error)
+            }
+        }
+    }
+
+    async fn release_lock(&self, pod: &PodView) {
+        let owner = LockOwner {
+            namespace: pod.namespace.clone(),
+            pod: pod.name.clone(),
+        };
+        if let Err(error) = self.cluster.release_node_lock(&self.node, &owner).await {
+            warn!(pod = %pod.full_name(), %error, "cannot release the node lock");
+        }
+    }
+
+    async fn commit(
+        &self,
+        pod: &PodView,
+        plan: &ContainerPlan,
+        committed: &mut Vec<(String, SliceKey)>,
+    ) -> Result<(), PodFailure> {
+        for (uuid, key, slice) in plan.slices(&pod.uid) {
+            let gpu = self
+                .gpus
+                .get(&uuid)
+                .ok_or_else(|| PodFailure::GpuUnavailable(uuid.clone()))?;
+            match gpu
+                .send(CommitSlice {
+                    key: key.clone(),
+                    slice,
+                })
+                .await
+            {
+                Ok(Ok(Committed::New)) => committed.push((uuid, key)),
+                Ok(Ok(Committed::AlreadyHeld)) => {}
+                Ok(Err(error)) => return Err(PodFailure::Ledger { uuid, error }),
+                Err(_) => return Err(PodFailure::GpuUnavailable(uuid)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn serve(
+        &self,
+        pod: &PodView,
+        mut todo: proto::hami::pod_devices::PodDevices,
+        requests: &[Vec<String>],
+        committed: &mut Vec<(String, SliceKey)>,
+    ) -> Result<Vec<ContainerSlice>, PodFailure> {
+        let mut slices = Vec::with_capacity(requests.len());
+        let mut last = false;
+        for ids in requests {
+            let plan = plan_container(pod, &todo, ids.len(), |u| self.gpus.contains_key(u))?;
+            self.commit(pod, &plan, committed).await?;
+            let slice = self.contract(pod, &plan).await?;
+            info!(
+                pod = %pod.full_name(),
+                container = %plan.container_name,
+                index = plan.container,
+                gpus = ?plan.devices.iter().map(|d| d.uuid.as_str()).collect::<Vec<_>>(),
+                memory_mib = ?plan.devices.iter().map(|d| d.usedmem).collect::<Vec<_>>(),
+                cores = ?plan.devices.iter().map(|d| d.usedcores).collect::<Vec<_>>(),
+                device_ids = ?ids,
+                "allocated"
+            );
+            last = plan.is_last();
+            todo = plan.remaining;
+            slices.push(slice);
+        }
+        let mut patch: AnnotationPatch = [(
+            keys::VGPU_DEVICES_TO_ALLOCATE.to_owned(),
+            Some(todo.to_string()),
+        )]
+        .into_iter()
+        .collect();
+        if last {
+            patch.insert(
+                keys::BIND_PHASE.to_owned(),
+                Some(BindPhase::Success.to_string()),
+            );
+        }
+        self.cluster
+            .patch_pod_annotations(&pod.namespace, &pod.name, patch)
+            .await
+            .map_err(PodFailure::Cluster)?;
+        if last {
+            self.release_lock(pod).await;
+            info!(pod = %pod.full_name(), "every container allocated: bind-phase=success");
+        }
+        Ok(slices)
+    }
+
+    /// The env and mounts, and the per-container host folder HAMi-core
+    /// writes its cache into (created 0777 like HAMi; a failure is logged,
+    /// not fatal: the container runtime creates a missing bind source).
+    async fn contract(
+        &self,
+        pod: &PodView,
+        plan: &ContainerPlan,
+    ) -> Result<ContainerSlice, PodFailure> {
+        let ctx = ContractContext {
+            hook_path: self.contract.hook_path.to_string_lossy().into_owned(),
+            device_memory_scaling: self.contract.device_memory_scaling,
+            cuda_disable_control: plan.cuda_disable_control,
+            ..ContractContext::new(
+                pod.uid.clone(),
+                plan.container_name.clone(),
+                format!("{}_{}", pod.uid, plan.container),
+            )
+        };
+        let slice = container_env_and_mounts(&plan.devices, &ctx).map_err(PodFailure::Contract)?;
+        let dir = self
+            .contract
+            .hook_path
+            .join("vgpu/containers")
+            .join(format!("{}_{}", pod.uid, plan.container_name));
+        if let Err(error) = create_shared_dir(&dir).await {
+            warn!(dir = %dir.display(), %error, "cannot create the HAMi-core container folder");
+        }
+        Ok(slice)
+    }
+
+    /// Device IDs on the GPUs the scheduler chose, per container request;
+    /// without an identifiable pod, a plain pick from the available IDs.
+    ///
+    /// # Errors
+    /// [`AllocateError::Cluster`] when the pods cannot be read.
+    pub async fn prefer(
+        &self,
+        requests: &[PreferenceRequest],
+    ) -> Result<Vec<Vec<String>>, AllocateError> {
+        let pods = self
+            .cluster
+            .pods_on_node(&self.node)
+            .await
+            .map_err(AllocateError::Cluster)?;
+        let lock = self.node_lock().await;
+        let mut todo = requests
+            .first()
+            .and_then(|r| identify_pod(&self.node, lock.as_deref(), &pods, r.size).ok())
+            .map(|(_, todo)| todo);
+        let mut out = Vec::with_capacity(requests.len());
+        for r in requests {
+            let chosen: Vec<String> = match &todo {
+                Some(t) => t
+                    .first_pending()
+                    .map(|(_, e)| e.iter().map(|d| d.uuid.clone()).collect())
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
+            out.push(prefer_devices(
+                &chosen,
+                &r.available,
+                &r.must_include,
+                r.size,
+            ));
+            todo = todo.and_then(|t| {
+                t.first_pending_index()
+                    .and_then(|i| t.erase_container(i).ok())
+            });
+        }
+        Ok(out)
+    }
+}
+
+async fn create_shared_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    tokio::fs::create_dir_all(dir).await?;
+    tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).await
+}
+
+/// The kubelet-facing actor.
+#[derive(Debug)]
+pub struct KubeletActor {
+    allocator: Allocator,
+}
+
+impl KubeletActor {
+    /// An actor serving with `allocator`.
+    #[must_use]
+    pub fn new(allocator: Allocator) -> Self {
+        Self { allocator }
+    }
+}
+
+impl Actor for KubeletActor {
+    type Context = Context<Self>;
+}
+
+impl actix::Supervised for KubeletActor {}
+
+impl Handler<AllocateContainers> for KubeletActor {
+    type Result = AtomicResponse<Self, Result<Vec<ContainerSlice>, AllocateError>>;
+
+    fn handle(&mut self, msg: AllocateContainers, _: &mut Self::Context) -> Self::Result {
+        let allocator = self.allocator.clone();
+        AtomicResponse::new(Box::pin(
+            async move { allocator.allocate(&msg.requests).await }.into_actor(self),
+        ))
+    }
+}
+
+impl Handler<PreferDevices> for KubeletActor {
+    type Result = ResponseFuture<Result<Vec<Vec<String>>, AllocateError>>;
+
+    fn handle(&mut self, msg: PreferDevices, _: &mut Self::Context) -> Self::Result {
+        let allocator = self.allocator.clone();
+        Box::pin(async move { allocator.prefer(&msg.requests).await })
+    }
+}

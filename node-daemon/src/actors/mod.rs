@@ -1,0 +1,19 @@
+//! The actix actors of the daemon and the messages between them.
+//!
+//! ```text
+//!  kubelet ──gRPC──> grpc::DevicePluginService ──AllocateContainers──> KubeletActor
+//!                          │ ListAndWatch                                 │ CommitSlice / ReleaseSlice
+//!                          ▼                                              ▼
+//!              watch<Inventory> <── HealthActor <── DeviceSource    GpuActor × N (one ledger each)
+//!                          │
+//!                          └──> registrar (node register annotation, on change only)
+//! ```
+//!
+//! Each actor is a shell: [`gpu::GpuActor`] makes one ledger call per
+//! message, [`kubelet::KubeletActor`] runs the pure decisions of
+//! `allocation` with I/O around them, [`health::HealthActor`] folds health
+//! events into the inventory snapshot.
+
+pub mod gpu;
+pub mod health;
+pub mod kubelet;

@@ -1,0 +1,248 @@
+//! [`Cluster`] over a real kube-rs client: pods by `spec.nodeName` field
+//! selector, merge patches for annotations, and a node-lock release guarded
+//! by the node's `resourceVersion` (retried on 409 Conflict).
+
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use proto::hami::keys;
+use proto::hami::node_lock::LockOwner;
+use serde_json::{Map, Value, json};
+
+use super::{AnnotationPatch, Cluster, ClusterError, ContainerView, PodView, lock_releasable_by};
+
+/// How many times a conflicting lock release is retried.
+const CONFLICT_RETRIES: usize = 5;
+
+/// The Kubernetes API through kube-rs.
+#[derive(Clone)]
+pub struct KubeCluster {
+    client: kube::Client,
+}
+
+impl std::fmt::Debug for KubeCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeCluster").finish_non_exhaustive()
+    }
+}
+
+impl KubeCluster {
+    /// Uses `client` for every request.
+    #[must_use]
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError {
+    let action = action.into();
+    move |source| ClusterError::Kube { action, source }
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 409)
+}
+
+/// The daemon's view of a pod object.
+#[must_use]
+pub fn pod_view(pod: &Pod) -> PodView {
+    let meta = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    let containers = spec
+        .into_iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+        .map(|c| ContainerView {
+            name: c.name.clone(),
+            cuda_disable_control: proto::hami::container_contract::cuda_disable_control_requested(
+                c.env
+                    .iter()
+                    .flatten()
+                    .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default())),
+            ),
+        })
+        .collect();
+    PodView {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        phase: pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default(),
+        terminating: meta.deletion_timestamp.is_some(),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        containers,
+    }
+}
+
+fn annotations_patch(patch: &AnnotationPatch) -> Value {
+    let map: Map<String, Value> = patch
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone().map_or(Value::Null, Value::String)))
+        .collect();
+    json!({ "metadata": { "annotations": map } })
+}
+
+impl Cluster for KubeCluster {
+    fn pods_on_node<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<PodView>, ClusterError>> {
+        async move {
+            let api: Api<Pod> = Api::all(self.client.clone());
+            let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+            let list = api
+                .list(&params)
+                .await
+                .map_err(kube_error(format!("list pods on node {node}")))?;
+            Ok(list.items.iter().map(pod_view).collect())
+        }
+        .boxed()
+    }
+
+    fn node_lock<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, ClusterError>> {
+        async move {
+            let api: Api<Node> = Api::all(self.client.clone());
+            let found = api
+                .get_opt(node)
+                .await
+                .map_err(kube_error(format!("get node {node}")))?
+                .ok_or_else(|| ClusterError::NotFound(format!("node {node}")))?;
+            Ok(found
+                .metadata
+                .annotations
+                .and_then(|mut a| a.remove(keys::NODE_LOCK)))
+        }
+        .boxed()
+    }
+
+    fn patch_pod_annotations<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        patch: AnnotationPatch,
+    ) -> BoxFuture<'a, Result<(), ClusterError>> {
+        async move {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(annotations_patch(&patch)),
+            )
+            .await
+            .map_err(kube_error(format!("patch pod {namespace}/{name}")))?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn release_node_lock<'a>(
+        &'a self,
+        node: &'a str,
+        owner: &'a LockOwner,
+    ) -> BoxFuture<'a, Result<bool, ClusterError>> {
+        async move {
+            let api: Api<Node> = Api::all(self.client.clone());
+            for _ in 0..CONFLICT_RETRIES {
+                let Some(found) = api
+                    .get_opt(node)
+                    .await
+                    .map_err(kube_error(format!("get node {node}")))?
+                else {
+                    return Err(ClusterError::NotFound(format!("node {node}")));
+                };
+                let raw = found
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(keys::NODE_LOCK));
+                if !raw.is_some_and(|raw| lock_releasable_by(raw, owner)) {
+                    return Ok(false);
+                }
+                let patch = json!({ "metadata": {
+                    "resourceVersion": found.metadata.resource_version,
+                    "annotations": { keys::NODE_LOCK: null },
+                }});
+                match api
+                    .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                {
+                    Ok(_) => return Ok(true),
+                    Err(e) if is_conflict(&e) => {}
+                    Err(e) => return Err(kube_error(format!("release lock of node {node}"))(e)),
+                }
+            }
+            Err(ClusterError::Conflict(format!(
+                "release lock of node {node}"
+            )))
+        }
+        .boxed()
+    }
+
+    fn set_node_annotation<'a>(
+        &'a self,
+        node: &'a str,
+        key: &'a str,
+        value: String,
+    ) -> BoxFuture<'a, Result<(), ClusterError>> {
+        async move {
+            let api: Api<Node> = Api::all(self.client.clone());
+            let patch = json!({ "metadata": { "annotations": { key: value } } });
+            api.patch(node, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .map_err(kube_error(format!("annotate node {node}")))?;
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_view_orders_init_containers_first_and_reads_disable_control() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+                         "annotations": {"a": "b"}, "deletionTimestamp": "2025-01-01T00:00:00Z"},
+            "spec": {
+                "initContainers": [{"name": "init"}],
+                "containers": [
+                    {"name": "app", "env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]},
+                    {"name": "side"}
+                ]
+            },
+            "status": {"phase": "Pending"}
+        }))
+        .unwrap();
+        let view = pod_view(&pod);
+        let names: Vec<&str> = view.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["init", "app", "side"]);
+        assert!(view.containers[1].cuda_disable_control);
+        assert!(!view.containers[2].cuda_disable_control);
+        assert!(view.terminating);
+        assert_eq!((view.uid.as_str(), view.phase.as_str()), ("u1", "Pending"));
+        assert_eq!(view.annotation("a"), Some("b"));
+    }
+
+    #[test]
+    fn annotation_patch_removes_with_null() {
+        let patch: AnnotationPatch = [
+            ("x".to_owned(), None),
+            ("y".to_owned(), Some("1".to_owned())),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            annotations_patch(&patch),
+            json!({"metadata": {"annotations": {"x": null, "y": "1"}}})
+        );
+    }
+}

@@ -1,0 +1,198 @@
+//! [`Cluster`] in memory: pods and node annotations held in a `watch`
+//! channel, so tests can seed state, read what the daemon wrote, and await a
+//! change (e.g. `bind-phase=success`) instead of sleeping. Not a mock: it
+//! applies the same semantics the real API has for these calls (merge patch
+//! with `null` removing a key, lock release only by its owner).
+
+use std::collections::BTreeMap;
+
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use proto::hami::keys;
+use proto::hami::node_lock::LockOwner;
+use tokio::sync::watch;
+
+use super::{AnnotationPatch, Cluster, ClusterError, PodView, lock_releasable_by};
+
+/// Everything a [`MemoryCluster`] holds.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    /// Pods with the node they are bound to.
+    pub pods: Vec<(String, PodView)>,
+    /// Annotations per node name.
+    pub nodes: BTreeMap<String, BTreeMap<String, String>>,
+    /// How many writes (patches) were applied.
+    pub writes: u64,
+}
+
+/// An in-memory API; clones share state.
+#[derive(Debug, Clone)]
+pub struct MemoryCluster {
+    state: watch::Sender<ClusterState>,
+}
+
+impl Default for MemoryCluster {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryCluster {
+    /// An empty cluster.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            state: watch::Sender::new(ClusterState::default()),
+        }
+    }
+
+    /// Adds (or replaces, by UID) a pod bound to `node`.
+    pub fn put_pod(&self, node: &str, pod: PodView) {
+        self.state.send_modify(|s| {
+            s.pods.retain(|(_, p)| p.uid != pod.uid);
+            s.pods.push((node.to_owned(), pod));
+        });
+    }
+
+    /// Removes the pod with `uid`.
+    pub fn delete_pod(&self, uid: &str) {
+        self.state
+            .send_modify(|s| s.pods.retain(|(_, p)| p.uid != uid));
+    }
+
+    /// Sets (or with `None` removes) a node annotation.
+    pub fn set_node_annotation_now(&self, node: &str, key: &str, value: Option<&str>) {
+        self.state.send_modify(|s| {
+            let ann = s.nodes.entry(node.to_owned()).or_default();
+            match value {
+                Some(v) => ann.insert(key.to_owned(), v.to_owned()),
+                None => ann.remove(key),
+            };
+        });
+    }
+
+    /// A copy of the pod `namespace/name`.
+    #[must_use]
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<PodView> {
+        self.state
+            .borrow()
+            .pods
+            .iter()
+            .find(|(_, p)| p.namespace == namespace && p.name == name)
+            .map(|(_, p)| p.clone())
+    }
+
+    /// A copy of one node annotation.
+    #[must_use]
+    pub fn node_annotation(&self, node: &str, key: &str) -> Option<String> {
+        self.state.borrow().nodes.get(node)?.get(key).cloned()
+    }
+
+    /// How many writes were applied so far.
+    #[must_use]
+    pub fn writes(&self) -> u64 {
+        self.state.borrow().writes
+    }
+
+    /// Watches every change of the state.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<ClusterState> {
+        self.state.subscribe()
+    }
+}
+
+impl Cluster for MemoryCluster {
+    fn pods_on_node<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<PodView>, ClusterError>> {
+        let pods = self
+            .state
+            .borrow()
+            .pods
+            .iter()
+            .filter(|(n, _)| n == node)
+            .map(|(_, p)| p.clone())
+            .collect();
+        futures::future::ready(Ok(pods)).boxed()
+    }
+
+    fn node_lock<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, ClusterError>> {
+        futures::future::ready(Ok(self.node_annotation(node, keys::NODE_LOCK))).boxed()
+    }
+
+    fn patch_pod_annotations<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        patch: AnnotationPatch,
+    ) -> BoxFuture<'a, Result<(), ClusterError>> {
+        let mut found = false;
+        self.state.send_if_modified(|s| {
+            let Some((_, pod)) = s
+                .pods
+                .iter_mut()
+                .find(|(_, p)| p.namespace == namespace && p.name == name)
+            else {
+                return false;
+            };
+            for (k, v) in patch {
+                match v {
+                    Some(v) => pod.annotations.insert(k, v),
+                    None => pod.annotations.remove(&k),
+                };
+            }
+            s.writes += 1;
+            found = true;
+            true
+        });
+        let result = if found {
+            Ok(())
+        } else {
+            Err(ClusterError::NotFound(format!("pod {namespace}/{name}")))
+        };
+        futures::future::ready(result).boxed()
+    }
+
+    fn release_node_lock<'a>(
+        &'a self,
+        node: &'a str,
+        owner: &'a LockOwner,
+    ) -> BoxFuture<'a, Result<bool, ClusterError>> {
+        let mut released = false;
+        self.state.send_if_modified(|s| {
+            let Some(ann) = s.nodes.get_mut(node) else {
+                return false;
+            };
+            if ann
+                .get(keys::NODE_LOCK)
+                .is_some_and(|raw| lock_releasable_by(raw, owner))
+            {
+                ann.remove(keys::NODE_LOCK);
+                s.writes += 1;
+                released = true;
+            }
+            released
+        });
+        futures::future::ready(Ok(released)).boxed()
+    }
+
+    fn set_node_annotation<'a>(
+        &'a self,
+        node: &'a str,
+        key: &'a str,
+        value: String,
+    ) -> BoxFuture<'a, Result<(), ClusterError>> {
+        self.state.send_modify(|s| {
+            s.nodes
+                .entry(node.to_owned())
+                .or_default()
+                .insert(key.to_owned(), value);
+            s.writes += 1;
+        });
+        futures::future::ready(Ok(())).boxed()
+    }
+}
