@@ -30,6 +30,13 @@ use super::table;
 /// server picks 30 to 60 minutes).
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 
+/// Interval of the blank keep-alive line on idle watches. actix notices a
+/// client that went away only when it writes, so without it a closed watch
+/// would count as open until the next event. JSON stream decoders (Go's
+/// `json.Decoder`, kube-rs' line decoder) skip blank lines; the real server
+/// does not send them.
+const WATCH_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// Everything the handlers share.
 #[derive(Debug)]
 pub struct Shared {
@@ -532,6 +539,10 @@ async fn run_watch(
     tokio::pin!(deadline);
     let period = shared.bookmark_interval.max(Duration::from_millis(10));
     let mut bookmark_timer = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    let mut heartbeat = tokio::time::interval_at(
+        tokio::time::Instant::now() + WATCH_HEARTBEAT,
+        WATCH_HEARTBEAT,
+    );
     loop {
         let line = tokio::select! {
             () = tx.closed() => break,
@@ -542,6 +553,7 @@ async fn run_watch(
                 }
                 break;
             }
+            _ = heartbeat.tick() => web::Bytes::from_static(b"\n"),
             _ = bookmark_timer.tick(), if params.bookmarks => {
                 shared.control.update(|s| s.bookmarks_sent += 1);
                 event_line("BOOKMARK", &params.bookmark(current_rv, false))
