@@ -35,8 +35,31 @@ enum Command {
 
 /// Exit code for a bad command line or config (sysexits EX_USAGE).
 const EX_USAGE: u8 = 64;
-/// Exit code when the requested service is not available (sysexits EX_UNAVAILABLE).
+/// Exit code when the service cannot start or fails (sysexits EX_UNAVAILABLE).
 const EX_UNAVAILABLE: u8 = 69;
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -71,8 +94,16 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::SUCCESS;
             }
-            eprintln!("scheduler-webhook: configuration is valid, but serving is not built yet");
-            ExitCode::from(EX_UNAVAILABLE)
+            scheduler_webhook::telemetry::init(settings.log_format == "json");
+            let served = actix_web::rt::System::new()
+                .block_on(scheduler_webhook::serve::run(settings, shutdown_signal()));
+            match served {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("scheduler-webhook: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
         }
         Command::Simulate(args) => match simulate::run(&args) {
             Ok(()) => ExitCode::SUCCESS,

@@ -11,10 +11,11 @@ use std::path::PathBuf;
 use proto::hami::resources::ResourceNames;
 use serde::{Deserialize, Serialize};
 
-/// Node policies `nodeSchedulerPolicy` accepts.
-pub const NODE_POLICIES: &[&str] = &["binpack", "spread", "fgd", "bestfit", "random"];
+/// Node policies `nodeSchedulerPolicy` accepts in `serve` (`fgd` runs in
+/// `simulate` only so far: the live fragmentation index is not wired).
+pub const NODE_POLICIES: &[&str] = &["binpack", "spread", "bestfit", "random"];
 /// GPU policies `gpuSchedulerPolicy` accepts.
-pub const GPU_POLICIES: &[&str] = &["binpack", "spread", "fgd", "bestfit", "random"];
+pub const GPU_POLICIES: &[&str] = &["binpack", "spread"];
 
 /// Every setting of `scheduler-webhook serve`, after layering.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,6 +51,8 @@ pub struct Settings {
     pub default_gpu_num: u32,
     /// Multiplier applied to `gpumem` requests.
     pub memory_factor: u32,
+    /// Log output: `human` or `json`.
+    pub log_format: String,
 }
 
 impl Default for Settings {
@@ -69,6 +72,7 @@ impl Default for Settings {
             default_cores: 0,
             default_gpu_num: 1,
             memory_factor: 1,
+            log_format: "human".to_owned(),
         }
     }
 }
@@ -109,6 +113,9 @@ pub enum InvalidSetting {
     /// An empty name.
     #[error("{0} must not be empty")]
     Empty(&'static str),
+    /// A log format we do not have.
+    #[error("logFormat must be human or json, got `{0}`")]
+    LogFormat(String),
 }
 
 /// Parses `host:port` or `:port` (all interfaces).
@@ -168,6 +175,9 @@ impl Settings {
         if self.memory_factor == 0 {
             return Err(InvalidSetting::MemoryFactor);
         }
+        if !["human", "json"].contains(&self.log_format.as_str()) {
+            return Err(InvalidSetting::LogFormat(self.log_format.clone()));
+        }
         if self.scheduler_name.is_empty() {
             return Err(InvalidSetting::Empty("schedulerName"));
         }
@@ -205,10 +215,10 @@ pub struct ServeFlags {
     /// Scheduler name GPU pods are routed to [default: gpuslice-scheduler].
     #[arg(long)]
     pub scheduler_name: Option<String>,
-    /// Default node policy: binpack, spread, fgd, bestfit, random [default: binpack].
+    /// Default node policy: binpack, spread, bestfit, random [default: binpack].
     #[arg(long)]
     pub node_scheduler_policy: Option<String>,
-    /// Default GPU policy: binpack, spread, fgd, bestfit, random [default: spread].
+    /// Default GPU policy: binpack, spread [default: spread].
     #[arg(long)]
     pub gpu_scheduler_policy: Option<String>,
     /// MiB per GPU when a container asks for no memory; 0 = whole card [default: 0].
@@ -239,6 +249,9 @@ pub struct ServeFlags {
     /// Resource name for task priority [default: nvidia.com/priority].
     #[arg(long)]
     pub resource_priority: Option<String>,
+    /// Log output: human or json [default: human].
+    #[arg(long)]
+    pub log_format: Option<String>,
 }
 
 /// Why `serve` cannot start with the given configuration.
@@ -306,6 +319,7 @@ mod tests {
             resource_mem_percentage: Some("a/pct".into()),
             resource_cores: Some("a/cores".into()),
             resource_priority: Some("a/prio".into()),
+            log_format: Some("json".into()),
         };
         let s: Settings = layered(None, &no_env, &flags).unwrap();
         let keys = proto::settings::keys::<Settings>().unwrap();

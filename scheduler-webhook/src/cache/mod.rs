@@ -1,6 +1,9 @@
 //! The scheduler's in-memory view of the cluster.
 //!
-//! [`model`] is the pure model fed with Kubernetes objects and asked to
-//! place pods.
+//! - [`model`]: the pure model fed with Kubernetes objects and asked to place pods;
+//! - [`owner`]: the single task that owns the model and serializes every change;
+//! - [`watch`]: kube-rs watchers over nodes and pods feeding the owner.
 
 pub mod model;
+pub mod owner;
+pub mod watch;

@@ -6,7 +6,7 @@
 //! and bind steps in order, so two filters can never book the same slice.
 //! Nothing here performs I/O or reads the clock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod};
 use proto::hami::keys;
@@ -72,6 +72,19 @@ pub struct ClusterModel {
     registers: HashMap<String, String>,
     /// Allocations waiting for their node to be known.
     waiting: HashMap<String, Allocation>,
+    /// Pods whose allocation came from their annotations.
+    observed: HashSet<String>,
+    /// Filter decisions not yet bound: pod UID → node and devices.
+    decisions: HashMap<String, Decided>,
+}
+
+/// A filter decision waiting for its bind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decided {
+    /// The node chosen.
+    pub node: String,
+    /// What each container gets.
+    pub devices: PodDevices,
 }
 
 impl ClusterModel {
@@ -84,6 +97,8 @@ impl ClusterModel {
             config,
             registers: HashMap::new(),
             waiting: HashMap::new(),
+            observed: HashSet::new(),
+            decisions: HashMap::new(),
         }
     }
 
@@ -165,9 +180,23 @@ impl ClusterModel {
     pub fn delete_pod(&mut self, uid: &str) {
         self.cluster.release(uid);
         self.waiting.remove(uid);
+        self.observed.remove(uid);
+        self.decisions.remove(uid);
+    }
+
+    /// Pods known from their annotations (for reconciling after a relist).
+    pub fn observed_pods(&self) -> impl Iterator<Item = &str> {
+        self.observed.iter().map(String::as_str)
+    }
+
+    /// Nodes known (for reconciling after a relist).
+    pub fn node_names(&self) -> impl Iterator<Item = &str> {
+        self.registers.keys().map(String::as_str)
     }
 
     fn observe(&mut self, uid: &str, allocation: Allocation) {
+        self.observed.insert(uid.to_owned());
+        self.decisions.remove(uid);
         let Some(id) = self.cluster.node_id(&allocation.node) else {
             self.waiting.insert(uid.to_owned(), allocation);
             return;
@@ -220,6 +249,7 @@ impl ClusterModel {
         }
         // HAMi drops the pod's earlier reservation before fitting again.
         self.cluster.release(&lite.uid);
+        self.decisions.remove(&lite.uid);
 
         let mut failed = BTreeMap::new();
         let mut ids = Vec::with_capacity(candidates.len());
@@ -257,11 +287,20 @@ impl ClusterModel {
                     decision.init_count(),
                     HostResources::default(),
                 ) {
-                    Ok(()) => FilterOutcome::Placed {
-                        node: node_name,
-                        devices,
-                        failed,
-                    },
+                    Ok(()) => {
+                        self.decisions.insert(
+                            lite.uid.clone(),
+                            Decided {
+                                node: node_name.clone(),
+                                devices: devices.clone(),
+                            },
+                        );
+                        FilterOutcome::Placed {
+                            node: node_name,
+                            devices,
+                            failed,
+                        }
+                    }
                     Err(e) => {
                         failed.insert(node_name, e.to_string());
                         FilterOutcome::NoFit { failed }
@@ -278,16 +317,25 @@ impl ClusterModel {
         }
     }
 
+    /// The filter decision waiting for this pod's bind.
+    #[must_use]
+    pub fn decision(&self, uid: &str) -> Option<&Decided> {
+        self.decisions.get(uid)
+    }
+
     /// Marks a pod's reservation bound.
     ///
     /// # Errors
     /// The pod has no reservation (it was never filtered here, or was released).
     pub fn commit(&mut self, uid: &str) -> Result<(), crate::core::reservation::ReservationError> {
-        self.cluster.commit(uid)
+        self.cluster.commit(uid)?;
+        self.decisions.remove(uid);
+        Ok(())
     }
 
     /// Drops a pod's reservation (bind failed); harmless when there is none.
     pub fn release(&mut self, uid: &str) -> bool {
+        self.decisions.remove(uid);
         self.cluster.release(uid)
     }
 
@@ -422,6 +470,7 @@ mod tests {
         };
         assert_eq!(node, "n1");
         assert_eq!(devices.to_string(), "GPU-n1-0,NVIDIA,600,10:;");
+        assert_eq!(model.decision("a").map(|d| d.node.as_str()), Some("n1"));
         // 400 MiB left: a second 600 MiB pod does not fit.
         let FilterOutcome::NoFit { failed } =
             model.filter(&slice_pod("b", 600, 10), &names(&["n1"]))
@@ -434,8 +483,9 @@ mod tests {
             model.filter(&slice_pod("a", 600, 10), &names(&["n1"])),
             FilterOutcome::Placed { .. }
         ));
-        // Releasing makes room.
+        // Releasing makes room and forgets the decision.
         assert!(model.release("a"));
+        assert!(model.decision("a").is_none());
         assert!(matches!(
             model.filter(&slice_pod("b", 600, 10), &names(&["n1"])),
             FilterOutcome::Placed { .. }

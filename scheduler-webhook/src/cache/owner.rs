@@ -1,0 +1,232 @@
+//! The one task that owns the [`ClusterModel`]: watch events and extender
+//! requests arrive as messages and are applied in order, so the model has a
+//! single writer and needs no lock.
+//!
+//! [`ModelHandle`] is the cheap, cloneable address of that task.
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, warn};
+
+use super::model::{ClusterModel, Decided, FilterOutcome};
+
+/// The kinds the model is fed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Nodes.
+    Nodes,
+    /// Pods.
+    Pods,
+}
+
+/// A message to the model's owner.
+#[derive(Debug)]
+pub enum Command {
+    /// A node was added or changed.
+    ApplyNode(Box<Node>),
+    /// A node was deleted.
+    DeleteNode(String),
+    /// A pod was added or changed.
+    ApplyPod(Box<Pod>),
+    /// A pod was deleted (by UID).
+    DeletePod(String),
+    /// A full relist of `Kind` starts: objects not seen before it ends are gone.
+    RelistStarted(Kind),
+    /// The relist of `Kind` ended.
+    RelistDone(Kind),
+    /// Place a pod and reserve its slices.
+    Filter {
+        /// The pod.
+        pod: Box<Pod>,
+        /// Candidate nodes.
+        candidates: Vec<String>,
+        /// Keep the reservation (false for a dry run).
+        keep: bool,
+        /// Where the answer goes.
+        reply: oneshot::Sender<FilterOutcome>,
+    },
+    /// Read the decision waiting for a pod's bind.
+    Decision {
+        /// Pod UID.
+        uid: String,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Option<Decided>>,
+    },
+    /// The pod is bound: its reservation is now a commitment.
+    Commit(String),
+    /// The bind failed: drop the reservation.
+    Release(String),
+}
+
+/// Why the model could not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the scheduling model is shutting down")]
+pub struct ModelGone;
+
+/// The address of the model's owner task.
+#[derive(Debug, Clone)]
+pub struct ModelHandle {
+    tx: mpsc::Sender<Command>,
+    ready: watch::Receiver<bool>,
+}
+
+impl ModelHandle {
+    /// Sends a command without waiting for an answer.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn send(&self, command: Command) -> Result<(), ModelGone> {
+        self.tx.send(command).await.map_err(|_| ModelGone)
+    }
+
+    /// Filters a pod (see [`ClusterModel::filter`]).
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn filter(
+        &self,
+        pod: Pod,
+        candidates: Vec<String>,
+        keep: bool,
+    ) -> Result<FilterOutcome, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Filter {
+            pod: Box::new(pod),
+            candidates,
+            keep,
+            reply,
+        })
+        .await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// The decision waiting for a pod's bind.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn decision(&self, uid: &str) -> Result<Option<Decided>, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Decision {
+            uid: uid.to_owned(),
+            reply,
+        })
+        .await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// Whether both nodes and pods have been listed once.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Waits until the model is ready.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner stopped first.
+    pub async fn wait_ready(&self) -> Result<(), ModelGone> {
+        let mut ready = self.ready.clone();
+        ready
+            .wait_for(|r| *r)
+            .await
+            .map(|_| ())
+            .map_err(|_| ModelGone)
+    }
+}
+
+/// Starts the owner task on the current tokio runtime.
+#[must_use]
+pub fn spawn(model: ClusterModel) -> ModelHandle {
+    let (tx, rx) = mpsc::channel(1024);
+    let (ready_tx, ready) = watch::channel(false);
+    tokio::spawn(run(model, rx, ready_tx));
+    ModelHandle { tx, ready }
+}
+
+#[derive(Default)]
+struct Relist {
+    nodes: Option<HashSet<String>>,
+    pods: Option<HashSet<String>>,
+    nodes_listed: bool,
+    pods_listed: bool,
+}
+
+async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: watch::Sender<bool>) {
+    let mut relist = Relist::default();
+    while let Some(command) = rx.recv().await {
+        match command {
+            Command::ApplyNode(node) => {
+                if let (Some(seen), Some(name)) =
+                    (relist.nodes.as_mut(), node.metadata.name.as_ref())
+                {
+                    seen.insert(name.clone());
+                }
+                if let Err(error) = model.apply_node(&node) {
+                    warn!(node = ?node.metadata.name, %error, "node register annotation does not decode; keeping its previous GPUs");
+                }
+            }
+            Command::DeleteNode(name) => model.delete_node(&name),
+            Command::ApplyPod(pod) => {
+                if let (Some(seen), Some(uid)) = (relist.pods.as_mut(), pod.metadata.uid.as_ref()) {
+                    seen.insert(uid.clone());
+                }
+                model.apply_pod(&pod);
+            }
+            Command::DeletePod(uid) => model.delete_pod(&uid),
+            Command::RelistStarted(Kind::Nodes) => relist.nodes = Some(HashSet::new()),
+            Command::RelistStarted(Kind::Pods) => relist.pods = Some(HashSet::new()),
+            Command::RelistDone(Kind::Nodes) => {
+                let seen = relist.nodes.take().unwrap_or_default();
+                let gone: Vec<String> = model
+                    .node_names()
+                    .filter(|n| !seen.contains(*n))
+                    .map(str::to_owned)
+                    .collect();
+                for name in gone {
+                    model.delete_node(&name);
+                }
+                relist.nodes_listed = true;
+            }
+            Command::RelistDone(Kind::Pods) => {
+                let seen = relist.pods.take().unwrap_or_default();
+                let gone: Vec<String> = model
+                    .observed_pods()
+                    .filter(|u| !seen.contains(*u))
+                    .map(str::to_owned)
+                    .collect();
+                for uid in gone {
+                    model.delete_pod(&uid);
+                }
+                relist.pods_listed = true;
+            }
+            Command::Filter {
+                pod,
+                candidates,
+                keep,
+                reply,
+            } => {
+                let outcome = model.filter(&pod, &candidates);
+                if !keep && let Some(uid) = pod.metadata.uid.as_deref() {
+                    model.release(uid);
+                }
+                let _ = reply.send(outcome);
+            }
+            Command::Decision { uid, reply } => {
+                let _ = reply.send(model.decision(&uid).cloned());
+            }
+            Command::Commit(uid) => {
+                if let Err(error) = model.commit(&uid) {
+                    debug!(%uid, %error, "commit without reservation (already observed from annotations)");
+                }
+            }
+            Command::Release(uid) => {
+                model.release(&uid);
+            }
+        }
+        if relist.nodes_listed && relist.pods_listed && !*ready.borrow() {
+            let _ = ready.send(true);
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The actix-web routes `POST /filter` and `POST /bind`: decode, one call
+//! to the model or the binder, encode. Replies are always HTTP 200 with the
+//! error in `Error`, as kube-scheduler expects; only a body that is not a
+//! request at all gets 400.
+
+use actix_web::{HttpResponse, web};
+use kube::Client;
+use tracing::{info, warn};
+
+use super::bind::bind;
+use super::wire::{ExtenderBindingResult, ExtenderFilterResult, decode_bind, decode_filter};
+use crate::cache::model::FilterOutcome;
+use crate::cache::owner::ModelHandle;
+
+/// Largest request body accepted (1 MiB, as HAMi).
+pub const BODY_LIMIT: usize = 1 << 20;
+
+/// What the extender routes need.
+#[derive(Clone)]
+pub struct ExtenderState {
+    /// The model's owner.
+    pub model: ModelHandle,
+    /// API client for bind.
+    pub client: Client,
+}
+
+/// Registers `POST /filter` and `POST /bind`.
+pub fn configure(cfg: &mut web::ServiceConfig, state: ExtenderState) {
+    cfg.app_data(web::Data::new(state))
+        .service(
+            web::resource("/filter")
+                .app_data(web::PayloadConfig::new(BODY_LIMIT))
+                .route(web::post().to(filter)),
+        )
+        .service(
+            web::resource("/bind")
+                .app_data(web::PayloadConfig::new(BODY_LIMIT))
+                .route(web::post().to(bind_route)),
+        );
+}
+
+fn bad_request(error: &dyn std::fmt::Display) -> HttpResponse {
+    HttpResponse::BadRequest().json(serde_json::json!({"Error": error.to_string()}))
+}
+
+async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpResponse {
+    let args = match decode_filter(&body) {
+        Ok(a) => a,
+        Err(error) => {
+            warn!(%error, "malformed filter request");
+            return bad_request(&error);
+        }
+    };
+    let pod_name = args.pod.metadata.name.clone().unwrap_or_default();
+    let namespace = args.pod.metadata.namespace.clone().unwrap_or_default();
+    let candidates = args.candidates().to_vec();
+    // Node objects in the request mean a simulation: decide, keep nothing.
+    let keep = args.nodes.is_none();
+    let result = match state.model.filter(args.pod, candidates.clone(), keep).await {
+        Err(gone) => ExtenderFilterResult {
+            error: gone.to_string(),
+            ..ExtenderFilterResult::default()
+        },
+        Ok(FilterOutcome::NoGpuRequested) => ExtenderFilterResult {
+            node_names: Some(candidates),
+            ..ExtenderFilterResult::default()
+        },
+        Ok(FilterOutcome::Placed {
+            node,
+            devices,
+            failed,
+        }) => {
+            info!(pod = %pod_name, %namespace, %node, %devices, refused = failed.len(), "filter placed pod");
+            ExtenderFilterResult {
+                node_names: Some(vec![node]),
+                failed_nodes: Some(failed),
+                ..ExtenderFilterResult::default()
+            }
+        }
+        Ok(FilterOutcome::NoFit { failed }) => {
+            info!(pod = %pod_name, %namespace, reasons = ?failed, "filter found no node");
+            ExtenderFilterResult {
+                node_names: Some(Vec::new()),
+                failed_nodes: Some(failed),
+                ..ExtenderFilterResult::default()
+            }
+        }
+        Ok(FilterOutcome::Invalid(why)) => {
+            warn!(pod = %pod_name, %namespace, %why, "pod requests cannot be read");
+            ExtenderFilterResult {
+                error: why,
+                ..ExtenderFilterResult::default()
+            }
+        }
+    };
+    HttpResponse::Ok().json(result)
+}
+
+async fn bind_route(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpResponse {
+    let args = match decode_bind(&body) {
+        Ok(a) => a,
+        Err(error) => {
+            warn!(%error, "malformed bind request");
+            return bad_request(&error);
+        }
+    };
+    let error = match bind(&state.client, &state.model, &args).await {
+        Ok(()) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    HttpResponse::Ok().json(ExtenderBindingResult { error })
+}

@@ -1,0 +1,169 @@
+//! `scheduler-webhook serve`: wires the watch cache, the model's owner and
+//! the HTTP routes, and serves until the shutdown future completes.
+//!
+//! ```text
+//!  kube watch (nodes, pods) ──▶ owner task (ClusterModel) ◀── /filter, /bind
+//!                                                              /webhook (pure)
+//!  /healthz: process up     /readyz: nodes and pods listed once
+//! ```
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+use kube::Client;
+use tracing::info;
+
+use crate::cache::model::{ClusterModel, ModelConfig};
+use crate::cache::owner::{self, ModelHandle};
+use crate::core::policy::{GpuPolicy, Policy, SchedulerConfig};
+use crate::core::request::RequestConfig;
+use crate::extender::handler::ExtenderState;
+use crate::settings::{Settings, parse_listen};
+use crate::webhook::WebhookConfig;
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// No usable Kubernetes client configuration.
+    #[error("kubernetes client: {0}")]
+    Kube(String),
+    /// TLS files unusable.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// A setting that validation should have caught.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The listener could not be bound or the server failed.
+    #[error("server on {addr}: {source}")]
+    Io {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Builds a client from the kubeconfig file, or the in-cluster configuration.
+///
+/// # Errors
+/// [`ServeError::Kube`] when neither works.
+pub async fn client(settings: &Settings) -> Result<Client, ServeError> {
+    let config = match &settings.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| ServeError::Kube(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| ServeError::Kube(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::incluster().map_err(|e| {
+            ServeError::Kube(format!("not in a cluster and no --kubeconfig given: {e}"))
+        })?,
+    };
+    Client::try_from(config).map_err(|e| ServeError::Kube(e.to_string()))
+}
+
+/// The model configuration the settings describe.
+///
+/// # Errors
+/// [`ServeError::Config`] for a policy name the core does not know.
+pub fn model_config(settings: &Settings) -> Result<ModelConfig, ServeError> {
+    let node_policy = Policy::from_str(&settings.node_scheduler_policy)
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    let gpu_policy = GpuPolicy::from_str(&settings.gpu_scheduler_policy)
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    Ok(ModelConfig {
+        scheduler: SchedulerConfig {
+            node_policy,
+            gpu_policy,
+            ..SchedulerConfig::default()
+        },
+        requests: RequestConfig {
+            names: settings.resources.clone(),
+            default_memory: u64::from(settings.default_memory),
+            default_cores: settings.default_cores,
+            memory_factor: settings.memory_factor,
+        },
+        seed: 0,
+    })
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().body("ok")
+}
+
+async fn readyz(model: web::Data<ModelHandle>) -> HttpResponse {
+    if model.is_ready() {
+        HttpResponse::Ok().body("ok")
+    } else {
+        HttpResponse::ServiceUnavailable().body("caches not synced yet")
+    }
+}
+
+/// Serves webhook and extender until `shutdown` completes, then drains.
+///
+/// Must run inside an actix system (`actix_web::rt::System`).
+///
+/// # Errors
+/// A [`ServeError`] when the client, TLS or listener cannot be set up.
+pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let listen =
+        parse_listen("listen", &settings.listen).map_err(|e| ServeError::Config(e.to_string()))?;
+    let client = client(&settings).await?;
+    let model = owner::spawn(ClusterModel::new(model_config(&settings)?));
+    let watcher = tokio::spawn(crate::cache::watch::run(client.clone(), model.clone()));
+
+    let webhook = WebhookConfig::from(&settings);
+    let extender = ExtenderState {
+        model: model.clone(),
+        client,
+    };
+    let ready = web::Data::new(model);
+    let server = HttpServer::new(move || {
+        App::new()
+            .configure(|c| crate::webhook::handler::configure(c, webhook.clone()))
+            .configure(|c| crate::extender::handler::configure(c, extender.clone()))
+            .app_data(ready.clone())
+            .route("/healthz", web::get().to(healthz))
+            .route("/readyz", web::get().to(readyz))
+    })
+    .shutdown_timeout(30);
+    let io = |source| ServeError::Io {
+        addr: listen,
+        source,
+    };
+    let server = if settings.insecure_http {
+        server.bind(listen).map_err(io)?
+    } else {
+        let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) else {
+            return Err(ServeError::Config(
+                "tlsCert and tlsKey are required".to_owned(),
+            ));
+        };
+        server
+            .bind_rustls_0_23(listen, crate::tls::server_config(cert, key)?)
+            .map_err(io)?
+    };
+    for addr in server.addrs() {
+        info!(%addr, tls = !settings.insecure_http, "serving /webhook /filter /bind /healthz /readyz");
+    }
+    let server = server.disable_signals().run();
+    let handle = server.handle();
+    let mut server = std::pin::pin!(server);
+    let served = tokio::select! {
+        result = &mut server => result,
+        () = shutdown => {
+            info!("shutting down: draining in-flight requests");
+            handle.stop(true).await;
+            server.await
+        }
+    };
+    watcher.abort();
+    served.map_err(io)
+}
