@@ -423,6 +423,7 @@ mod tests {
 
     #[test]
     fn bad_input_is_an_error_naming_the_field() {
+        type Spoil = fn(&mut ContractContext);
         assert_eq!(
             container_env_and_mounts(&[], &ctx()),
             Err(ContractError::NoDevices)
@@ -439,14 +440,13 @@ mod tests {
         let devices = [ContainerDevice::nvidia("GPU-a", -1, 1)];
         assert!(container_env_and_mounts(&devices, &ctx()).is_err());
         let ok = [ContainerDevice::nvidia("GPU-a", 1, 1)];
-        type Spoil = fn(&mut ContractContext);
         let cases: [(&str, Spoil); 6] = [
             ("hook_path", |c| c.hook_path = "usr/local".to_owned()),
             ("pod_uid", |c| c.pod_uid = String::new()),
             ("container_name", |c| c.container_name = "../x".to_owned()),
             ("cache_id", |c| c.cache_id = "a/b".to_owned()),
             ("device_memory_scaling", |c| {
-                c.device_memory_scaling = f64::NAN
+                c.device_memory_scaling = f64::NAN;
             }),
             ("lib_cuda_log_level", |c| c.lib_cuda_log_level = Some(5)),
         ];

@@ -19,6 +19,11 @@
 //! | [`resources`] | extended resource names |
 
 #![warn(missing_docs)]
+#![warn(clippy::pedantic)]
+#![allow(
+    clippy::doc_markdown,
+    reason = "product names (HAMi, HAMi-core, MiB) in prose are not code"
+)]
 
 pub mod bind;
 pub mod civil_time;

@@ -150,7 +150,7 @@ pub enum RegisterError {
 /// [`RegisterError::Field`] if `count`, `devmem` or `devcore` exceeds
 /// 2147483647, which HAMi (an `int32`) could not read.
 pub fn encode_json(devices: &[NodeDevice]) -> Result<String, RegisterError> {
-    let mut out = String::with_capacity(devices.len() * 160 + 2);
+    let mut out = String::with_capacity(devices.len().saturating_mul(160).saturating_add(2));
     out.push('[');
     for (device, dev) in devices.iter().enumerate() {
         for (field, value) in [
