@@ -255,3 +255,25 @@ fn hostile_numbers_and_deep_json_are_errors() {
     let devices = [ContainerDevice::nvidia("GPU-a", i32::MAX, i32::MAX)];
     assert!(container_env_and_mounts(&devices, &ContractContext::new("u", "c", "k")).is_ok());
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3_000))]
+
+    /// Arbitrary Unicode (any code point, any length) through every decoder.
+    #[test]
+    fn arbitrary_unicode_never_panics_any_decoder(input in proptest::prelude::any::<String>()) {
+        let _ = check_all_decoders(&input);
+    }
+
+    /// Arbitrary text behind each format's prefix, so the deeper parsers run.
+    #[test]
+    fn arbitrary_tails_after_valid_prefixes_never_panic(
+        seed in 0..SEEDS.len(),
+        cut in 0_usize..200,
+        tail in "\\PC{0,40}",
+    ) {
+        let seed = SEEDS[seed];
+        let cut = seed.char_indices().map(|(i, _)| i).nth(cut).unwrap_or(seed.len());
+        let _ = check_all_decoders(&format!("{}{tail}", &seed[..cut]));
+    }
+}
