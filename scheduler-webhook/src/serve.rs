@@ -5,11 +5,13 @@
 //!  kube watch (nodes, pods) ──▶ owner task (ClusterModel) ◀── /filter, /bind
 //!                                                              /webhook (pure)
 //!  /healthz: process up     /readyz: nodes and pods listed once
+//!  /metrics (own port): HAMi's GPU and slice gauges, our latency histograms
 //! ```
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use kube::Client;
@@ -20,6 +22,7 @@ use crate::cache::owner::{self, ModelHandle};
 use crate::core::policy::{GpuPolicy, Policy, SchedulerConfig};
 use crate::core::request::RequestConfig;
 use crate::extender::handler::ExtenderState;
+use crate::metrics::Metrics;
 use crate::settings::{Settings, parse_listen};
 use crate::webhook::WebhookConfig;
 
@@ -98,6 +101,18 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().body("ok")
 }
 
+async fn metrics(model: web::Data<ModelHandle>, metrics: web::Data<Arc<Metrics>>) -> HttpResponse {
+    match model.snapshot().await {
+        Ok((gpus, slices)) => {
+            metrics.refresh(&gpus, &slices);
+            HttpResponse::Ok()
+                .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+                .body(metrics.encode())
+        }
+        Err(gone) => HttpResponse::ServiceUnavailable().body(gone.to_string()),
+    }
+}
+
 async fn readyz(model: web::Data<ModelHandle>) -> HttpResponse {
     if model.is_ready() {
         HttpResponse::Ok().body("ok")
@@ -120,10 +135,33 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
     let watcher = tokio::spawn(crate::cache::watch::run(client.clone(), model.clone()));
 
     let webhook = WebhookConfig::from(&settings);
+    let registry = Arc::new(Metrics::new());
     let extender = ExtenderState {
         model: model.clone(),
         client,
+        metrics: registry.clone(),
     };
+    let metrics_listen = parse_listen("metricsListen", &settings.metrics_listen)
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    let metrics_model = web::Data::new(model.clone());
+    let metrics_registry = web::Data::new(registry);
+    let metrics_server = HttpServer::new(move || {
+        App::new()
+            .app_data(metrics_model.clone())
+            .app_data(metrics_registry.clone())
+            .route("/metrics", web::get().to(metrics))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(metrics_listen)
+    .map_err(|source| ServeError::Io {
+        addr: metrics_listen,
+        source,
+    })?
+    .run();
+    let metrics_handle = metrics_server.handle();
+    info!(addr = %metrics_listen, "serving /metrics");
+    let metrics_task = tokio::spawn(metrics_server);
     let ready = web::Data::new(model);
     let server = HttpServer::new(move || {
         App::new()
@@ -165,5 +203,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
         }
     };
     watcher.abort();
+    metrics_handle.stop(true).await;
+    let _ = metrics_task.await;
     served.map_err(io)
 }

@@ -6,7 +6,7 @@
 //! and bind steps in order, so two filters can never book the same slice.
 //! Nothing here performs I/O or reads the clock.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod};
 use proto::hami::keys;
@@ -72,10 +72,62 @@ pub struct ClusterModel {
     registers: HashMap<String, String>,
     /// Allocations waiting for their node to be known.
     waiting: HashMap<String, Allocation>,
-    /// Pods whose allocation came from their annotations.
-    observed: HashSet<String>,
+    /// Pods whose allocation came from their annotations, by UID.
+    observed: HashMap<String, Observed>,
     /// Filter decisions not yet bound: pod UID → node and devices.
     decisions: HashMap<String, Decided>,
+}
+
+/// A pod known to hold an allocation.
+#[derive(Debug, Clone, PartialEq)]
+struct Observed {
+    namespace: String,
+    name: String,
+    allocation: Allocation,
+}
+
+/// One GPU's capacity and use, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSnapshot {
+    /// Node name.
+    pub node: String,
+    /// GPU UUID.
+    pub uuid: String,
+    /// GPU index on the node.
+    pub index: u32,
+    /// GPU type.
+    pub device_type: String,
+    /// Device memory, MiB.
+    pub memory_mib: u64,
+    /// Device cores, percent.
+    pub cores: u32,
+    /// Split count.
+    pub slots: u32,
+    /// Slots in use.
+    pub used_slots: u32,
+    /// Memory in use, MiB.
+    pub used_memory_mib: u64,
+    /// Cores in use, percent.
+    pub used_cores: u32,
+}
+
+/// One container's slice of one GPU, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SliceSnapshot {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Node name.
+    pub node: String,
+    /// Container index (init containers first).
+    pub container_index: usize,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+    /// Cores, percent.
+    pub cores: u32,
 }
 
 /// A filter decision waiting for its bind.
@@ -97,7 +149,7 @@ impl ClusterModel {
             config,
             registers: HashMap::new(),
             waiting: HashMap::new(),
-            observed: HashSet::new(),
+            observed: HashMap::new(),
             decisions: HashMap::new(),
         }
     }
@@ -172,6 +224,12 @@ impl ClusterModel {
             return;
         }
         if let Some(allocation) = allocation_of(pod) {
+            let who = Observed {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: pod.metadata.name.clone().unwrap_or_default(),
+                allocation: allocation.clone(),
+            };
+            self.observed.insert(uid.to_owned(), who);
             self.observe(uid, allocation);
         }
     }
@@ -186,7 +244,55 @@ impl ClusterModel {
 
     /// Pods known from their annotations (for reconciling after a relist).
     pub fn observed_pods(&self) -> impl Iterator<Item = &str> {
-        self.observed.iter().map(String::as_str)
+        self.observed.keys().map(String::as_str)
+    }
+
+    /// Every GPU with its use.
+    #[must_use]
+    pub fn gpu_snapshot(&self) -> Vec<GpuSnapshot> {
+        self.cluster
+            .nodes()
+            .iter()
+            .flat_map(|node| {
+                node.gpus
+                    .iter()
+                    .zip(&node.usage)
+                    .map(|(gpu, usage)| GpuSnapshot {
+                        node: node.name.clone(),
+                        uuid: gpu.uuid.clone(),
+                        index: gpu.index,
+                        device_type: gpu.device_type.clone(),
+                        memory_mib: gpu.devmem,
+                        cores: gpu.devcore,
+                        slots: gpu.count,
+                        used_slots: usage.used,
+                        used_memory_mib: usage.usedmem,
+                        used_cores: usage.usedcores,
+                    })
+            })
+            .collect()
+    }
+
+    /// Every container slice of every pod known from its annotations.
+    #[must_use]
+    pub fn slice_snapshot(&self) -> Vec<SliceSnapshot> {
+        let mut out = Vec::new();
+        for pod in self.observed.values() {
+            for (i, container) in pod.allocation.devices.0.iter().enumerate() {
+                for device in container {
+                    out.push(SliceSnapshot {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        node: pod.allocation.node.clone(),
+                        container_index: i,
+                        uuid: device.uuid.clone(),
+                        memory_mib: u64::try_from(device.usedmem).unwrap_or(0),
+                        cores: u32::try_from(device.usedcores).unwrap_or(0),
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// Nodes known (for reconciling after a relist).
@@ -195,7 +301,6 @@ impl ClusterModel {
     }
 
     fn observe(&mut self, uid: &str, allocation: Allocation) {
-        self.observed.insert(uid.to_owned());
         self.decisions.remove(uid);
         let Some(id) = self.cluster.node_id(&allocation.node) else {
             self.waiting.insert(uid.to_owned(), allocation);
@@ -547,6 +652,21 @@ mod tests {
         model.apply_pod(&held);
         model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
         assert_eq!(model.node_of("held"), Some("n1"));
+        let gpus = model.gpu_snapshot();
+        assert_eq!(
+            (
+                gpus[0].used_slots,
+                gpus[0].used_memory_mib,
+                gpus[0].used_cores
+            ),
+            (1, 900, 10)
+        );
+        let slices = model.slice_snapshot();
+        assert_eq!(slices.len(), 1);
+        assert_eq!(
+            (slices[0].pod.as_str(), slices[0].memory_mib),
+            ("held", 900)
+        );
         assert!(matches!(
             model.filter(&slice_pod("b", 200, 10), &names(&["n1"])),
             FilterOutcome::NoFit { .. }
@@ -554,6 +674,8 @@ mod tests {
         held.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
         model.apply_pod(&held);
         assert_eq!(model.node_of("held"), None);
+        assert!(model.slice_snapshot().is_empty());
+        assert_eq!(model.gpu_snapshot()[0].used_slots, 0);
         assert!(matches!(
             model.filter(&slice_pod("b", 200, 10), &names(&["n1"])),
             FilterOutcome::Placed { .. }

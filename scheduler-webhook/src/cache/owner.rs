@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
-use super::model::{ClusterModel, Decided, FilterOutcome};
+use super::model::{ClusterModel, Decided, FilterOutcome, GpuSnapshot, SliceSnapshot};
 
 /// The kinds the model is fed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,11 @@ pub enum Command {
         uid: String,
         /// Where the answer goes.
         reply: oneshot::Sender<Option<Decided>>,
+    },
+    /// Read every GPU's and every slice's use (for metrics).
+    Snapshot {
+        /// Where the answer goes.
+        reply: oneshot::Sender<(Vec<GpuSnapshot>, Vec<SliceSnapshot>)>,
     },
     /// The pod is bound: its reservation is now a commitment.
     Commit(String),
@@ -113,6 +118,16 @@ impl ModelHandle {
             reply,
         })
         .await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// Every GPU's and every slice's use.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn snapshot(&self) -> Result<(Vec<GpuSnapshot>, Vec<SliceSnapshot>), ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Snapshot { reply }).await?;
         rx.await.map_err(|_| ModelGone)
     }
 
@@ -215,6 +230,9 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
             }
             Command::Decision { uid, reply } => {
                 let _ = reply.send(model.decision(&uid).cloned());
+            }
+            Command::Snapshot { reply } => {
+                let _ = reply.send((model.gpu_snapshot(), model.slice_snapshot()));
             }
             Command::Commit(uid) => {
                 if let Err(error) = model.commit(&uid) {

@@ -3,6 +3,9 @@
 //! error in `Error`, as kube-scheduler expects; only a body that is not a
 //! request at all gets 400.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use actix_web::{HttpResponse, web};
 use kube::Client;
 use tracing::{info, warn};
@@ -11,6 +14,7 @@ use super::bind::bind;
 use super::wire::{ExtenderBindingResult, ExtenderFilterResult, decode_bind, decode_filter};
 use crate::cache::model::FilterOutcome;
 use crate::cache::owner::ModelHandle;
+use crate::metrics::Metrics;
 
 /// Largest request body accepted (1 MiB, as HAMi).
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -22,6 +26,8 @@ pub struct ExtenderState {
     pub model: ModelHandle,
     /// API client for bind.
     pub client: Client,
+    /// Where decisions are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Registers `POST /filter` and `POST /bind`.
@@ -51,12 +57,22 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
             return bad_request(&error);
         }
     };
+    let started = Instant::now();
     let pod_name = args.pod.metadata.name.clone().unwrap_or_default();
     let namespace = args.pod.metadata.namespace.clone().unwrap_or_default();
     let candidates = args.candidates().to_vec();
     // Node objects in the request mean a simulation: decide, keep nothing.
     let keep = args.nodes.is_none();
-    let result = match state.model.filter(args.pod, candidates.clone(), keep).await {
+    let outcome = state.model.filter(args.pod, candidates.clone(), keep).await;
+    let result_label = match &outcome {
+        Err(_) => "error",
+        Ok(FilterOutcome::NoGpuRequested) => "no_gpu",
+        Ok(FilterOutcome::Placed { .. }) => "placed",
+        Ok(FilterOutcome::NoFit { .. }) => "no_fit",
+        Ok(FilterOutcome::Invalid(_)) => "invalid",
+    };
+    Metrics::count(&state.metrics.filter_results, result_label);
+    let result = match outcome {
         Err(gone) => ExtenderFilterResult {
             error: gone.to_string(),
             ..ExtenderFilterResult::default()
@@ -93,6 +109,10 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
             }
         }
     };
+    state
+        .metrics
+        .filter_seconds
+        .observe(started.elapsed().as_secs_f64());
     HttpResponse::Ok().json(result)
 }
 
@@ -104,9 +124,16 @@ async fn bind_route(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRe
             return bad_request(&error);
         }
     };
+    let started = Instant::now();
     let error = match bind(&state.client, &state.model, &args).await {
         Ok(()) => String::new(),
         Err(e) => e.to_string(),
     };
+    let label = if error.is_empty() { "bound" } else { "failed" };
+    Metrics::count(&state.metrics.bind_results, label);
+    state
+        .metrics
+        .bind_seconds
+        .observe(started.elapsed().as_secs_f64());
     HttpResponse::Ok().json(ExtenderBindingResult { error })
 }

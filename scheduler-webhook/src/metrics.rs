@@ -1,0 +1,288 @@
+//! Prometheus metrics of the scheduler, with HAMi's names and labels (so
+//! HAMi-WebUI and its dashboards work unchanged) plus our own latency and
+//! decision counters.
+//!
+//! GPU and slice gauges are rebuilt from a model snapshot at every scrape;
+//! counters and histograms are updated by the handlers.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::cache::model::{GpuSnapshot, SliceSnapshot};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Labels of per-GPU metrics (HAMi ≥ v2.9).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabels {
+    node: String,
+    device_uuid: String,
+    device_index: String,
+    device_type: String,
+}
+
+/// Labels of per-container slice metrics (HAMi ≥ v2.9).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SliceLabels {
+    namespace: String,
+    node: String,
+    pod: String,
+    container_index: String,
+    device_uuid: String,
+}
+
+/// Labels of decision counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    result: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric the scheduler exports.
+pub struct Metrics {
+    registry: Registry,
+    gpu_memory_limit: Family<GpuLabels, FloatGauge>,
+    gpu_core_limit: Family<GpuLabels, FloatGauge>,
+    gpu_memory_allocated: Family<GpuLabels, FloatGauge>,
+    gpu_core_allocated: Family<GpuLabels, FloatGauge>,
+    gpu_shared_count: Family<GpuLabels, FloatGauge>,
+    node_memory_ratio: Family<GpuLabels, FloatGauge>,
+    vgpu_memory: Family<SliceLabels, FloatGauge>,
+    vgpu_core: Family<SliceLabels, FloatGauge>,
+    /// Filter decisions by result (`placed`, `no_fit`, `invalid`, `no_gpu`).
+    pub filter_results: Family<ResultLabels, Counter>,
+    /// Bind outcomes by result (`bound`, `failed`).
+    pub bind_results: Family<ResultLabels, Counter>,
+    /// Seconds per filter request.
+    pub filter_seconds: Histogram,
+    /// Seconds per bind request (includes waiting for the node lock).
+    pub bind_seconds: Histogram,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            gpu_memory_limit: Family::default(),
+            gpu_core_limit: Family::default(),
+            gpu_memory_allocated: Family::default(),
+            gpu_core_allocated: Family::default(),
+            gpu_shared_count: Family::default(),
+            node_memory_ratio: Family::default(),
+            vgpu_memory: Family::default(),
+            vgpu_core: Family::default(),
+            filter_results: Family::default(),
+            bind_results: Family::default(),
+            filter_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            bind_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "hami_gpu_memory_limit_bytes",
+            "Device memory of the GPU",
+            m.gpu_memory_limit.clone(),
+        );
+        registry.register(
+            "hami_gpu_core_limit_ratio",
+            "Device cores of the GPU (1 = one card)",
+            m.gpu_core_limit.clone(),
+        );
+        registry.register(
+            "hami_gpu_memory_allocated_bytes",
+            "Device memory allocated on the GPU",
+            m.gpu_memory_allocated.clone(),
+        );
+        registry.register(
+            "hami_gpu_core_allocated_ratio",
+            "Device cores allocated on the GPU (1 = one card)",
+            m.gpu_core_allocated.clone(),
+        );
+        registry.register(
+            "hami_gpu_shared_count",
+            "Containers sharing the GPU",
+            m.gpu_shared_count.clone(),
+        );
+        registry.register(
+            "hami_node_gpu_memory_allocated_ratio",
+            "Allocated share of the GPU's memory",
+            m.node_memory_ratio.clone(),
+        );
+        registry.register(
+            "hami_vgpu_memory_allocated_bytes",
+            "Device memory allocated to a container",
+            m.vgpu_memory.clone(),
+        );
+        registry.register(
+            "hami_vgpu_core_allocated_ratio",
+            "Device cores allocated to a container (1 = one card)",
+            m.vgpu_core.clone(),
+        );
+        registry.register(
+            "gpuslice_filter_decisions",
+            "Filter decisions by result",
+            m.filter_results.clone(),
+        );
+        registry.register(
+            "gpuslice_bind_results",
+            "Bind outcomes by result",
+            m.bind_results.clone(),
+        );
+        registry.register(
+            "gpuslice_filter_duration_seconds",
+            "Time to answer a filter request",
+            m.filter_seconds.clone(),
+        );
+        registry.register(
+            "gpuslice_bind_duration_seconds",
+            "Time to answer a bind request, lock wait included",
+            m.bind_seconds.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Counts one outcome in a result family.
+    pub fn count(family: &Family<ResultLabels, Counter>, result: &str) {
+        family
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Replaces the GPU and slice gauges with a fresh snapshot.
+    pub fn refresh(&self, gpus: &[GpuSnapshot], slices: &[SliceSnapshot]) {
+        for family in [
+            &self.gpu_memory_limit,
+            &self.gpu_core_limit,
+            &self.gpu_memory_allocated,
+            &self.gpu_core_allocated,
+            &self.gpu_shared_count,
+            &self.node_memory_ratio,
+        ] {
+            family.clear();
+        }
+        self.vgpu_memory.clear();
+        self.vgpu_core.clear();
+        #[allow(clippy::cast_precision_loss)] // MiB and percent counts are far below 2^52
+        for g in gpus {
+            let labels = GpuLabels {
+                node: g.node.clone(),
+                device_uuid: g.uuid.clone(),
+                device_index: g.index.to_string(),
+                device_type: g.device_type.clone(),
+            };
+            self.gpu_memory_limit
+                .get_or_create(&labels)
+                .set(g.memory_mib as f64 * MIB);
+            self.gpu_core_limit
+                .get_or_create(&labels)
+                .set(f64::from(g.cores) / 100.0);
+            self.gpu_memory_allocated
+                .get_or_create(&labels)
+                .set(g.used_memory_mib as f64 * MIB);
+            self.gpu_core_allocated
+                .get_or_create(&labels)
+                .set(f64::from(g.used_cores) / 100.0);
+            self.gpu_shared_count
+                .get_or_create(&labels)
+                .set(f64::from(g.used_slots));
+            let ratio = if g.memory_mib == 0 {
+                0.0
+            } else {
+                g.used_memory_mib as f64 / g.memory_mib as f64
+            };
+            self.node_memory_ratio.get_or_create(&labels).set(ratio);
+        }
+        #[allow(clippy::cast_precision_loss)]
+        for s in slices {
+            let labels = SliceLabels {
+                namespace: s.namespace.clone(),
+                node: s.node.clone(),
+                pod: s.pod.clone(),
+                container_index: s.container_index.to_string(),
+                device_uuid: s.uuid.clone(),
+            };
+            self.vgpu_memory
+                .get_or_create(&labels)
+                .set(s.memory_mib as f64 * MIB);
+            self.vgpu_core
+                .get_or_create(&labels)
+                .set(f64::from(s.cores) / 100.0);
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hami_names_and_labels_are_exported() {
+        let m = Metrics::new();
+        let gpu = GpuSnapshot {
+            node: "n1".into(),
+            uuid: "GPU-a".into(),
+            index: 0,
+            device_type: "NVIDIA-Tesla T4".into(),
+            memory_mib: 1000,
+            cores: 100,
+            slots: 10,
+            used_slots: 2,
+            used_memory_mib: 250,
+            used_cores: 30,
+        };
+        let slice = SliceSnapshot {
+            namespace: "ns".into(),
+            pod: "p".into(),
+            node: "n1".into(),
+            container_index: 1,
+            uuid: "GPU-a".into(),
+            memory_mib: 250,
+            cores: 30,
+        };
+        m.refresh(&[gpu], &[slice]);
+        Metrics::count(&m.filter_results, "placed");
+        let text = m.encode();
+        assert!(text.contains(r#"hami_gpu_memory_allocated_bytes{node="n1",device_uuid="GPU-a",device_index="0",device_type="NVIDIA-Tesla T4"} 262144000.0"#), "{text}");
+        assert!(text.contains(r#"hami_node_gpu_memory_allocated_ratio{node="n1",device_uuid="GPU-a",device_index="0",device_type="NVIDIA-Tesla T4"} 0.25"#), "{text}");
+        assert!(text.contains(r#"hami_vgpu_core_allocated_ratio{namespace="ns",node="n1",pod="p",container_index="1",device_uuid="GPU-a"} 0.3"#), "{text}");
+        assert!(
+            text.contains(r#"gpuslice_filter_decisions_total{result="placed"} 1"#),
+            "{text}"
+        );
+
+        // A GPU that disappears from the snapshot disappears from the output.
+        m.refresh(&[], &[]);
+        assert!(!m.encode().contains("GPU-a"));
+    }
+}
