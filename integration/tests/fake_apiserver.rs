@@ -3,6 +3,9 @@
 //! binding, selectors, watch protocol details, Status errors, discovery and
 //! fault injection. Every wait is on an event with a deadline.
 
+// Test helpers outside #[test] fns: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::pin::pin;
