@@ -4,6 +4,9 @@
 //! `Allocate` call. No Kubernetes: pods go through `FakeKubelet::admit*`, the
 //! entry point the pod watcher uses too.
 
+// Test helpers outside #[test] functions may unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -737,4 +740,172 @@ async fn pod_without_registered_plugin_is_rejected_but_plain_pods_run() {
         .unwrap();
     assert!(a.is_running());
     assert!(a.containers.is_empty());
+}
+
+// === end to end, against the fake apiserver ===
+
+mod against_apiserver {
+    use super::*;
+    use integration::fake_apiserver::FakeApiServer;
+    use integration::fake_kubelet::ALLOCATIONS_ANNOTATION;
+    use integration::fake_kubelet::node::{NodeAgent, NodeConfig};
+    use k8s_openapi::api::core::v1::{Event, Namespace, Node as KubeNode};
+    use kube::api::{Api, DeleteParams, ListParams, PostParams};
+    use kube::runtime::wait::await_condition;
+
+    /// Waits, through a watch, until `condition` holds for object `name`.
+    async fn until<K>(
+        api: &Api<K>,
+        name: &str,
+        what: &str,
+        condition: impl Fn(&K) -> bool + Send + 'static,
+    ) -> K
+    where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    {
+        let waited = tokio::time::timeout(
+            DEADLINE,
+            await_condition(api.clone(), name, move |o: Option<&K>| {
+                o.is_some_and(&condition)
+            }),
+        );
+        match waited.await {
+            Ok(Ok(Some(object))) => object,
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+
+    fn quantity(node: &KubeNode, field: &str) -> Option<String> {
+        let status = node.status.as_ref()?;
+        let list = if field == "capacity" {
+            status.capacity.as_ref()?
+        } else {
+            status.allocatable.as_ref()?
+        };
+        list.get(RESOURCE).map(|q| q.0.clone())
+    }
+
+    fn phase_reason(pod: &Pod) -> (Option<String>, Option<String>) {
+        let status = pod.status.clone().unwrap_or_default();
+        (status.phase, status.reason)
+    }
+
+    #[tokio::test]
+    async fn pods_on_the_node_are_admitted_and_written_back() {
+        let api = FakeApiServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let client = api.client().await.unwrap();
+        let node = node().await;
+        let mut config = NodeConfig::new("node-a");
+        config.resources = vec![RESOURCE.into()];
+        let agent = NodeAgent::start(&node.kubelet, client.clone(), config)
+            .await
+            .unwrap();
+        let nodes: Api<KubeNode> = Api::all(client.clone());
+        until(&nodes, "node-a", "node registered with 0 devices", |n| {
+            quantity(n, "capacity").as_deref() == Some("0")
+        })
+        .await;
+
+        let plugin = start_plugin(node.dir.clone(), devices(2));
+        until(&nodes, "node-a", "capacity 2", |n| {
+            quantity(n, "capacity").as_deref() == Some("2")
+                && quantity(n, "allocatable").as_deref() == Some("2")
+        })
+        .await;
+
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "ns"}})).unwrap();
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
+        let mut a = pod("a", 1, &[("main", 2)], &[]);
+        let mut b = pod("b", 2, &[("main", 1)], &[]);
+        for p in [&mut a, &mut b] {
+            p.metadata.uid = None;
+            p.metadata.creation_timestamp = None;
+        }
+        pods.create(&PostParams::default(), &a).await.unwrap();
+        let a = until(&pods, "a", "a Running", |p| {
+            phase_reason(p).0.as_deref() == Some("Running")
+        })
+        .await;
+        pods.create(&PostParams::default(), &b).await.unwrap();
+        let b = until(&pods, "b", "b Failed", |p| {
+            phase_reason(p).0.as_deref() == Some("Failed")
+        })
+        .await;
+
+        assert_eq!(
+            phase_reason(&b).1.as_deref(),
+            Some(UNEXPECTED_ADMISSION_ERROR)
+        );
+        let message = b
+            .status
+            .as_ref()
+            .and_then(|s| s.message.clone())
+            .unwrap_or_default();
+        assert!(
+            message.ends_with("Requested: 1, Available: 0, which is unexpected"),
+            "{message}"
+        );
+        let events: Api<Event> = Api::namespaced(client.clone(), "ns");
+        let events = events.list(&ListParams::default()).await.unwrap();
+        assert!(
+            events
+                .items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(UNEXPECTED_ADMISSION_ERROR)
+                    && e.involved_object.name.as_deref() == Some("b"))
+        );
+
+        // The allocation is on the pod and in the record file, identically.
+        let annotation = a
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|m| m.get(ALLOCATIONS_ANNOTATION))
+            .cloned()
+            .unwrap();
+        let from_pod: Vec<integration::fake_kubelet::ContainerAllocation> =
+            serde_json::from_str(&annotation).unwrap();
+        let rec = record::read_record(&node.records, "ns", "a").unwrap();
+        assert_eq!(from_pod, rec.containers);
+        assert_eq!(rec.uid, a.metadata.uid.clone().unwrap());
+        assert_eq!(from_pod[0].device_ids.len(), 2);
+        assert_eq!(
+            plugin.log.allocations.lock().unwrap().clone(),
+            [from_pod[0].device_ids.clone()]
+        );
+
+        // Deleting a frees its devices for c.
+        pods.delete("a", &DeleteParams::default()).await.unwrap();
+        node.kubelet
+            .wait_devices(DEADLINE, "a freed", |v| v.allocations.is_empty())
+            .await
+            .unwrap();
+        let mut c = pod("c", 3, &[("main", 1)], &[]);
+        c.metadata.uid = None;
+        pods.create(&PostParams::default(), &c).await.unwrap();
+        until(&pods, "c", "c Running", |p| {
+            phase_reason(p).0.as_deref() == Some("Running")
+        })
+        .await;
+
+        // Health changes reach the node: allocatable drops, capacity stays.
+        plugin
+            .devices
+            .send_modify(|d| d[0].health = api::UNHEALTHY.into());
+        until(&nodes, "node-a", "one unhealthy", |n| {
+            quantity(n, "capacity").as_deref() == Some("2")
+                && quantity(n, "allocatable").as_deref() == Some("1")
+        })
+        .await;
+
+        agent.shutdown().await;
+        api.shutdown().await;
+    }
 }

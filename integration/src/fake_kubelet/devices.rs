@@ -281,16 +281,16 @@ impl DeviceTable {
     /// `n` devices are needed.
     fn needed(&self, req: &DeviceRequest) -> Result<Option<u64>, DeviceError> {
         let held = self.held(&req.pod_uid, &req.container, &req.resource);
-        if let Some(held) = held {
-            if held.ids.len() as u64 != req.required {
-                return Err(DeviceError::RequestChanged {
-                    pod: req.pod_uid.clone(),
-                    container: req.container.clone(),
-                    resource: req.resource.clone(),
-                    had: held.ids.len(),
-                    required: req.required,
-                });
-            }
+        if let Some(held) = held
+            && held.ids.len() as u64 != req.required
+        {
+            return Err(DeviceError::RequestChanged {
+                pod: req.pod_uid.clone(),
+                container: req.container.clone(),
+                resource: req.resource.clone(),
+                had: held.ids.len(),
+                required: req.required,
+            });
         }
         if req.already_running && held.is_none() {
             return Ok(None);

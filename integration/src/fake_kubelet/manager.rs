@@ -254,10 +254,10 @@ pub(crate) async fn run_admissions(
             let Ok(result) = admit(&state, pod).await else {
                 return;
             };
-            if let Some(dir) = &record_dir {
-                if let Err(error) = result.write_to(dir) {
-                    warn!(%error, pod = %result.name, "writing the admission record failed");
-                }
+            if let Some(dir) = &record_dir
+                && let Err(error) = result.write_to(dir)
+            {
+                warn!(%error, pod = %result.name, "writing the admission record failed");
             }
             results.push(result);
         }

@@ -10,13 +10,13 @@
 //! must register again.
 //!
 //! Layout:
-//! - [`devices`]: the device table (pure): health, free/used IDs, choosing.
-//! - [`admission`]: reading pods (pure): container order, requests, batches.
-//! - [`record`]: the allocation record (JSON file per pod, pod annotation).
-//! - [`checkpoint`]: `kubelet_internal_checkpoint`.
-//! - `manager`: the state owner task and the serial admission worker.
-//! - [`registration`]: the gRPC server and plugin connections.
-//! - [`node`]: the Kubernetes side (node status, pod watch, pod status) over
+//! - [`devices`] — the device table (pure): health, free/used IDs, choosing.
+//! - [`admission`] — reading pods (pure): container order, requests, batches.
+//! - [`record`] — the allocation record (JSON file per pod, pod annotation).
+//! - [`checkpoint`] — `kubelet_internal_checkpoint`.
+//! - `manager` — the state owner task and the serial admission worker.
+//! - [`registration`] — the gRPC server and plugin connections.
+//! - [`node`] — the Kubernetes side (node status, pod watch, pod status) over
 //!   any apiserver through `kube::Client`.
 //!
 //! Pods reach admission through [`FakeKubelet::admit`] /
