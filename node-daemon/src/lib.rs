@@ -5,6 +5,10 @@
 pub mod actors;
 pub mod allocation;
 pub mod cluster;
+pub mod daemon;
 pub mod devices;
+pub mod grpc;
 pub mod ledger;
+pub mod registrar;
 pub mod settings;
+pub mod telemetry;

@@ -1,4 +1,5 @@
-//! `node-daemon`: parses the command line and config, then runs the daemon.
+//! `node-daemon`: parses the command line and config, then runs the daemon
+//! until SIGTERM or SIGINT (see `node_daemon::daemon::run`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,13 +17,16 @@ struct Cli {
     /// Print the effective settings as JSON and exit.
     #[arg(long)]
     print_config: bool,
+    /// Log as JSON lines instead of human-readable text.
+    #[arg(long, env = "GPUSLICE_LOG_JSON")]
+    log_json: bool,
     #[command(flatten)]
     flags: Flags,
 }
 
 /// Exit code for a bad command line or config (sysexits EX_USAGE).
 const EX_USAGE: u8 = 64;
-/// Exit code when the requested service is not available (sysexits EX_UNAVAILABLE).
+/// Exit code when GPUs, the API or the socket are unusable (EX_UNAVAILABLE).
 const EX_UNAVAILABLE: u8 = 69;
 
 fn main() -> ExitCode {
@@ -51,6 +55,12 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    eprintln!("node-daemon: configuration is valid, but the device plugin is not built yet");
-    ExitCode::from(EX_UNAVAILABLE)
+    node_daemon::telemetry::init(cli.log_json);
+    match node_daemon::daemon::run_process(settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("node-daemon: {e}");
+            ExitCode::from(EX_UNAVAILABLE)
+        }
+    }
 }

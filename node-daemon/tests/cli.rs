@@ -73,3 +73,19 @@ fn node_name_env_and_simulated_gpus_give_effective_settings() {
     assert_eq!(settings["deviceSplitCount"], 5);
     assert_eq!(settings["simulatedGpus"], 2);
 }
+
+#[test]
+fn nvml_without_the_driver_exits_69_with_a_clear_reason() {
+    if std::path::Path::new("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").exists() {
+        return; // a machine with the NVIDIA driver would really start
+    }
+    let out = run(&["--node-name", "n", "--device-source", "nvml"], &[]);
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "node-daemon: libnvidia-ml.so.1 not found: is the NVIDIA driver installed on this node?"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}

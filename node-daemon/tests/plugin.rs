@@ -1,0 +1,588 @@
+//! The daemon end to end over real unix sockets in a temp dir: a test
+//! kubelet registration server, the daemon's `run` (simulated GPUs, the
+//! in-memory cluster), and a tonic client speaking the device-plugin API.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test harness: a failed setup step must panic"
+)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use node_daemon::cluster::memory::{ClusterState, MemoryCluster};
+use node_daemon::cluster::{ContainerView, PodView};
+use node_daemon::daemon::{Daemon, run};
+use node_daemon::devices::DeviceSource as _;
+use node_daemon::devices::simulated::{HealthSwitch, SimulatedDevices};
+use node_daemon::settings::{DeviceSourceKind, Settings, SimulatedGpu};
+use proto::deviceplugin::v1beta1 as api;
+use proto::hami::keys;
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Endpoint, Server};
+
+const NODE: &str = "node-a";
+/// Patience for anything the test awaits.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+// === test kubelet registration server ===
+
+struct Recorder(mpsc::UnboundedSender<api::RegisterRequest>);
+
+#[tonic::async_trait]
+impl api::registration_server::Registration for Recorder {
+    async fn register(
+        &self,
+        request: tonic::Request<api::RegisterRequest>,
+    ) -> Result<tonic::Response<api::Empty>, tonic::Status> {
+        let _ = self.0.send(request.into_inner());
+        Ok(tonic::Response::new(api::Empty {}))
+    }
+}
+
+/// Serves kubelet's `Registration` on `<dir>/kubelet.sock` (replacing any
+/// file there) and returns the registrations it receives.
+fn start_kubelet(dir: &Path) -> mpsc::UnboundedReceiver<api::RegisterRequest> {
+    let path = dir.join("kubelet.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(
+        Server::builder()
+            .add_service(api::registration_server::RegistrationServer::new(Recorder(
+                tx,
+            )))
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+    rx
+}
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+// === harness ===
+
+struct Node {
+    dir: tempfile::TempDir,
+    cluster: MemoryCluster,
+    switch: HealthSwitch,
+    uuids: Vec<String>,
+    registrations: mpsc::UnboundedReceiver<api::RegisterRequest>,
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<Result<(), node_daemon::daemon::RunError>>>,
+}
+
+fn settings(dir: &Path, split: u32) -> Settings {
+    Settings {
+        node_name: Some(NODE.into()),
+        device_plugin_dir: dir.to_owned(),
+        device_source: DeviceSourceKind::Simulated,
+        simulated_gpu_list: vec![
+            SimulatedGpu {
+                model: "Tesla T4".into(),
+                memory_mib: 15_360,
+                numa: 0,
+            },
+            SimulatedGpu {
+                model: "Tesla T4".into(),
+                memory_mib: 15_360,
+                numa: 1,
+            },
+        ],
+        device_split_count: split,
+        hook_path: dir.join("hook"),
+        ..Settings::default()
+    }
+}
+
+impl Node {
+    /// Starts a daemon with two simulated T4s (split `split`) and waits for
+    /// its registration.
+    async fn start(split: u32, cluster: MemoryCluster, dir: Option<tempfile::TempDir>) -> Self {
+        let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
+        let mut registrations = start_kubelet(dir.path());
+        let settings = settings(dir.path(), split);
+        let devices = SimulatedDevices::from_settings(&settings, NODE);
+        let uuids = devices
+            .discover()
+            .unwrap()
+            .into_iter()
+            .map(|g| g.uuid)
+            .collect();
+        let switch = devices.health_switch();
+        let (stop, stopped) = oneshot::channel();
+        let daemon = Daemon {
+            settings,
+            devices: Arc::new(devices),
+            cluster: Arc::new(cluster.clone()),
+        };
+        let done = actix::spawn(run(daemon, async {
+            let _ = stopped.await;
+        }));
+        let first = within("registration", registrations.recv()).await.unwrap();
+        assert_eq!(first.version, "v1beta1");
+        Self {
+            dir,
+            cluster,
+            switch,
+            uuids,
+            registrations,
+            stop: Some(stop),
+            done: Some(done),
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("nvidia-gpu.sock")
+    }
+
+    async fn client(&self) -> api::device_plugin_client::DevicePluginClient<Channel> {
+        let channel = Endpoint::from_shared(format!("unix://{}", self.socket().display()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        api::device_plugin_client::DevicePluginClient::new(channel)
+    }
+
+    /// Stops the daemon and returns its temp dir.
+    async fn stop(mut self) -> tempfile::TempDir {
+        let _ = self.stop.take().unwrap().send(());
+        let result = within("shutdown", self.done.take().unwrap()).await.unwrap();
+        result.unwrap();
+        self.dir
+    }
+
+    async fn wait_cluster(&self, what: &str, cond: impl FnMut(&ClusterState) -> bool) {
+        let mut rx = self.cluster.subscribe();
+        within(what, rx.wait_for(cond)).await.unwrap();
+    }
+}
+
+fn bound_pod(name: &str, containers: &[&str], devices: &str) -> PodView {
+    let annotations: BTreeMap<String, String> = [
+        (keys::VGPU_NODE, NODE),
+        (keys::BIND_PHASE, "allocating"),
+        (keys::BIND_TIME, "1760929622"),
+        (keys::VGPU_DEVICES_TO_ALLOCATE, devices),
+        (keys::VGPU_DEVICES_ALLOCATED, devices),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    PodView {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        phase: "Pending".into(),
+        terminating: false,
+        annotations,
+        containers: containers
+            .iter()
+            .map(|c| ContainerView {
+                name: (*c).into(),
+                cuda_disable_control: false,
+            })
+            .collect(),
+    }
+}
+
+fn allocate_request(ids: &[String]) -> api::AllocateRequest {
+    api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest {
+            devices_ids: ids.to_vec(),
+        }],
+    }
+}
+
+fn lock_for(pod: &str) -> String {
+    format!("2025-10-20T03:07:02Z,ns,{pod}")
+}
+
+// === tests ===
+
+#[actix::test]
+async fn registers_and_advertises_split_ids_with_health_and_numa() {
+    let node = Node::start(3, MemoryCluster::new(), None).await;
+    let mut client = node.client().await;
+    let options = client
+        .get_device_plugin_options(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(options.get_preferred_allocation_available);
+    assert!(!options.pre_start_required);
+
+    let mut stream = client
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let list = within("device list", stream.message())
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<&str> = list.devices.iter().map(|d| d.id.as_str()).collect();
+    let expected: Vec<String> = node
+        .uuids
+        .iter()
+        .flat_map(|u| (0..3).map(move |i| format!("{u}-{i}")))
+        .collect();
+    assert_eq!(ids, expected);
+    assert!(list.devices.iter().all(|d| d.health == "Healthy"));
+    assert_eq!(list.devices[3].topology.as_ref().unwrap().nodes[0].id, 1);
+
+    let pre = client
+        .pre_start_container(api::PreStartContainerRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(pre.into_inner(), api::PreStartContainerResponse {});
+
+    node.wait_cluster("register annotation", |s| {
+        s.nodes
+            .get(NODE)
+            .and_then(|a| a.get(keys::NODE_NVIDIA_REGISTER))
+            .is_some_and(|v| {
+                v.contains("\"type\":\"NVIDIA-Tesla T4\"") && v.contains("\"count\":3")
+            })
+    })
+    .await;
+    let dir = node.stop().await;
+    assert!(
+        !dir.path().join("nvidia-gpu.sock").exists(),
+        "socket removed on shutdown"
+    );
+}
+
+#[actix::test]
+async fn an_unhealthy_gpu_is_withdrawn_and_comes_back() {
+    let node = Node::start(2, MemoryCluster::new(), None).await;
+    let mut client = node.client().await;
+    let mut stream = client
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    within("first list", stream.message())
+        .await
+        .unwrap()
+        .unwrap();
+    let health = |list: &api::ListAndWatchResponse| -> Vec<String> {
+        list.devices.iter().map(|d| d.health.clone()).collect()
+    };
+
+    assert!(node.switch.set(&node.uuids[1], false));
+    let list = within("unhealthy list", stream.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        health(&list),
+        ["Healthy", "Healthy", "Unhealthy", "Unhealthy"]
+    );
+    let writes_before = node.cluster.writes();
+    node.wait_cluster("register shows unhealthy", |s| {
+        s.nodes[NODE][keys::NODE_NVIDIA_REGISTER]
+            .matches("\"health\":true")
+            .count()
+            == 1
+    })
+    .await;
+
+    assert!(node.switch.set(&node.uuids[1], true));
+    let list = within("recovered list", stream.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(health(&list), ["Healthy"; 4]);
+    node.wait_cluster("register shows recovery", |s| {
+        s.nodes[NODE][keys::NODE_NVIDIA_REGISTER]
+            .matches("\"health\":true")
+            .count()
+            == 2
+    })
+    .await;
+    assert!(node.cluster.writes() > writes_before);
+    node.stop().await;
+}
+
+#[actix::test]
+async fn two_container_pod_is_allocated_container_by_container() {
+    let cluster = MemoryCluster::new();
+    let node = Node::start(10, cluster.clone(), None).await;
+    let (a, b) = (&node.uuids[0], &node.uuids[1]);
+    let devices = format!("{a},NVIDIA,1000,10:;{b},NVIDIA,3000,30:;");
+    cluster.put_pod(NODE, bound_pod("train", &["init", "app"], &devices));
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("train")));
+    let mut client = node.client().await;
+
+    let first = client
+        .allocate(allocate_request(&[format!("{a}-4")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let env = &first.container_responses[0].envs;
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], *a);
+    assert_eq!(env["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
+    assert_eq!(env["CUDA_DEVICE_SM_LIMIT"], "10");
+    let pod = cluster.pod("ns", "train").unwrap();
+    assert_eq!(
+        pod.annotation(keys::VGPU_DEVICES_TO_ALLOCATE).unwrap(),
+        format!(";{b},NVIDIA,3000,30:;")
+    );
+    assert_eq!(pod.annotation(keys::BIND_PHASE), Some("allocating"));
+    assert!(
+        cluster.node_annotation(NODE, keys::NODE_LOCK).is_some(),
+        "lock kept until the last container"
+    );
+
+    let second = client
+        .allocate(allocate_request(&[format!("{b}-0")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = &second.container_responses[0];
+    assert_eq!(response.envs["NVIDIA_VISIBLE_DEVICES"], *b);
+    assert_eq!(response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "3000m");
+    assert_eq!(response.envs["CUDA_DEVICE_SM_LIMIT"], "30");
+    let hook = node.dir.path().join("hook");
+    let shared = hook.join("vgpu/containers/uid-train_app");
+    assert!(shared.is_dir(), "HAMi-core folder created");
+    assert!(
+        response
+            .mounts
+            .iter()
+            .any(|m| m.host_path == shared.to_string_lossy() && !m.read_only)
+    );
+    let pod = cluster.pod("ns", "train").unwrap();
+    assert_eq!(pod.annotation(keys::VGPU_DEVICES_TO_ALLOCATE), Some(";;"));
+    assert_eq!(pod.annotation(keys::BIND_PHASE), Some("success"));
+    assert_eq!(
+        cluster.node_annotation(NODE, keys::NODE_LOCK),
+        None,
+        "lock released"
+    );
+    node.stop().await;
+}
+
+#[actix::test]
+async fn two_identical_pending_pods_are_never_guessed_between() {
+    let cluster = MemoryCluster::new();
+    let node = Node::start(10, cluster.clone(), None).await;
+    let a = &node.uuids[0];
+    let devices = format!("{a},NVIDIA,2000,20:;");
+    cluster.put_pod(NODE, bound_pod("one", &["app"], &devices));
+    cluster.put_pod(NODE, bound_pod("two", &["app"], &devices));
+    let mut client = node.client().await;
+
+    let err = client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("ns/one") && err.message().contains("ns/two"),
+        "{}",
+        err.message()
+    );
+    for name in ["one", "two"] {
+        let pod = cluster.pod("ns", name).unwrap();
+        assert_eq!(
+            pod.annotation(keys::BIND_PHASE),
+            Some("allocating"),
+            "nobody touched {name}"
+        );
+    }
+
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("two")));
+    client
+        .allocate(allocate_request(&[format!("{a}-1")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster
+            .pod("ns", "two")
+            .unwrap()
+            .annotation(keys::BIND_PHASE),
+        Some("success")
+    );
+    assert_eq!(
+        cluster
+            .pod("ns", "one")
+            .unwrap()
+            .annotation(keys::BIND_PHASE),
+        Some("allocating")
+    );
+    // Now only "one" waits: no lock needed.
+    client
+        .allocate(allocate_request(&[format!("{a}-2")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster
+            .pod("ns", "one")
+            .unwrap()
+            .annotation(keys::BIND_PHASE),
+        Some("success")
+    );
+    node.stop().await;
+}
+
+#[actix::test]
+async fn a_slice_that_does_not_fit_fails_the_pod_and_releases_the_lock() {
+    let cluster = MemoryCluster::new();
+    let node = Node::start(10, cluster.clone(), None).await;
+    let a = &node.uuids[0];
+    cluster.put_pod(
+        NODE,
+        bound_pod("big", &["app"], &format!("{a},NVIDIA,20000,10:;")),
+    );
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("big")));
+    let mut client = node.client().await;
+    let err = client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        err.message().starts_with("pod ns/big: GPU"),
+        "{}",
+        err.message()
+    );
+    let pod = cluster.pod("ns", "big").unwrap();
+    assert_eq!(pod.annotation(keys::BIND_PHASE), Some("failed"));
+    assert_eq!(cluster.node_annotation(NODE, keys::NODE_LOCK), None);
+    node.stop().await;
+}
+
+#[actix::test]
+async fn unknown_device_ids_and_empty_requests_are_invalid() {
+    let node = Node::start(2, MemoryCluster::new(), None).await;
+    let mut client = node.client().await;
+    let err = client
+        .allocate(allocate_request(&["GPU-nope-0".to_owned()]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let err = client
+        .allocate(api::AllocateRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    node.stop().await;
+}
+
+#[actix::test]
+async fn preferred_allocation_picks_the_gpus_the_scheduler_chose() {
+    let cluster = MemoryCluster::new();
+    let node = Node::start(2, cluster.clone(), None).await;
+    let (a, b) = (&node.uuids[0], &node.uuids[1]);
+    cluster.put_pod(
+        NODE,
+        bound_pod("p", &["app"], &format!("{b},NVIDIA,100,0:;")),
+    );
+    let mut client = node.client().await;
+    let available: Vec<String> = [a, b]
+        .iter()
+        .flat_map(|u| (0..2).map(move |i| format!("{u}-{i}")))
+        .collect();
+    let response = client
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available,
+                must_include_device_i_ds: vec![],
+                allocation_size: 1,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        response.container_responses[0].device_i_ds,
+        [format!("{b}-0")]
+    );
+    node.stop().await;
+}
+
+#[actix::test]
+async fn kubelet_restart_leads_to_a_new_registration() {
+    let mut node = Node::start(2, MemoryCluster::new(), None).await;
+    // kubelet restarts: it wipes the plugin sockets and re-creates its own.
+    std::fs::remove_file(node.socket()).unwrap();
+    node.registrations = start_kubelet(node.dir.path());
+    let again = within("re-registration", node.registrations.recv())
+        .await
+        .unwrap();
+    assert_eq!(again.endpoint, "nvidia-gpu.sock");
+    assert_eq!(again.resource_name, "nvidia.com/gpu");
+    assert!(again.options.unwrap().get_preferred_allocation_available);
+    // The re-created socket serves.
+    let mut client = node.client().await;
+    let mut stream = client
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let list = within("device list", stream.message())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(list.devices.len(), 4);
+    node.stop().await;
+}
+
+#[actix::test]
+async fn a_restarted_daemon_rebuilds_the_ledger_and_never_double_books() {
+    let cluster = MemoryCluster::new();
+    let node = Node::start(2, cluster.clone(), None).await;
+    let a = node.uuids[0].clone();
+    let devices = format!("{a},NVIDIA,1000,10:;{a},NVIDIA,1000,10:;");
+    cluster.put_pod(NODE, bound_pod("train", &["init", "app"], &devices));
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("train")));
+    let mut client = node.client().await;
+    client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap();
+    drop(client);
+    // Killed between the two containers' Allocates.
+    let dir = node.stop().await;
+
+    let node = Node::start(2, cluster.clone(), Some(dir)).await;
+    // A second pod wants the same GPU (split 2): if the restarted daemon had
+    // forgotten container 0 of "train", both would fit.
+    cluster.put_pod(
+        NODE,
+        bound_pod("intruder", &["app"], &format!("{a},NVIDIA,100,1:;")),
+    );
+    let mut client = node.client().await;
+    client
+        .allocate(allocate_request(&[format!("{a}-1")]))
+        .await
+        .unwrap();
+    let train = cluster.pod("ns", "train").unwrap();
+    assert_eq!(train.annotation(keys::BIND_PHASE), Some("success"));
+    let err = client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        tonic::Code::ResourceExhausted,
+        "{}",
+        err.message()
+    );
+    assert!(
+        err.message().contains("ns/intruder") && err.message().contains("slots"),
+        "{}",
+        err.message()
+    );
+    node.stop().await;
+}
