@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod core;
 pub mod extender;
+pub mod handshake;
 pub mod metrics;
 pub mod quantity;
 pub mod serve;

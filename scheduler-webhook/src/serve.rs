@@ -133,6 +133,18 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
     let client = client(&settings).await?;
     let model = owner::spawn(ClusterModel::new(model_config(&settings)?));
     let watcher = tokio::spawn(crate::cache::watch::run(client.clone(), model.clone()));
+    let identity = settings
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let handshake = tokio::spawn(crate::handshake::run(
+        client.clone(),
+        settings.lease_namespace.clone(),
+        settings.scheduler_name.clone(),
+        identity,
+        settings.resources.resource_name.clone(),
+    ));
 
     let webhook = WebhookConfig::from(&settings);
     let registry = Arc::new(Metrics::new());
@@ -203,6 +215,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
         }
     };
     watcher.abort();
+    handshake.abort();
     metrics_handle.stop(true).await;
     let _ = metrics_task.await;
     served.map_err(io)

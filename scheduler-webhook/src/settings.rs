@@ -53,6 +53,13 @@ pub struct Settings {
     pub memory_factor: u32,
     /// Log output: `human` or `json`.
     pub log_format: String,
+    /// Namespace of kube-scheduler's leader-election Lease (named after
+    /// `schedulerName`); the replica whose kube-scheduler holds it writes
+    /// the node handshake.
+    pub lease_namespace: String,
+    /// This replica's identity, matched as a prefix of the Lease holder
+    /// (kube-scheduler uses `<hostname>_<uuid>`) [default: $HOSTNAME].
+    pub identity: Option<String>,
 }
 
 impl Default for Settings {
@@ -73,6 +80,8 @@ impl Default for Settings {
             default_gpu_num: 1,
             memory_factor: 1,
             log_format: "human".to_owned(),
+            lease_namespace: "kube-system".to_owned(),
+            identity: None,
         }
     }
 }
@@ -252,6 +261,12 @@ pub struct ServeFlags {
     /// Log output: human or json [default: human].
     #[arg(long)]
     pub log_format: Option<String>,
+    /// Namespace of kube-scheduler's Lease [default: kube-system].
+    #[arg(long)]
+    pub lease_namespace: Option<String>,
+    /// Identity matched against the Lease holder [default: $HOSTNAME].
+    #[arg(long)]
+    pub identity: Option<String>,
 }
 
 /// Why `serve` cannot start with the given configuration.
@@ -320,6 +335,8 @@ mod tests {
             resource_cores: Some("a/cores".into()),
             resource_priority: Some("a/prio".into()),
             log_format: Some("json".into()),
+            lease_namespace: Some("gpuslice".into()),
+            identity: Some("sched-0".into()),
         };
         let s: Settings = layered(None, &no_env, &flags).unwrap();
         let keys = proto::settings::keys::<Settings>().unwrap();

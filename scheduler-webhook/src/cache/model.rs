@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod};
+use proto::hami::handshake::Handshake;
 use proto::hami::keys;
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::register;
@@ -170,8 +171,14 @@ impl ClusterModel {
             return Ok(());
         };
         let annotations = node.metadata.annotations.as_ref();
+        // A node the handshake marked unhealthy offers no GPUs (HAMi drops
+        // its devices from the cache).
+        let unhealthy = annotations
+            .and_then(|a| a.get(keys::NODE_HANDSHAKE))
+            .is_some_and(|h| matches!(h.parse(), Ok(Handshake::Deleted(_))));
         let value = annotations
             .and_then(|a| a.get(keys::NODE_NVIDIA_REGISTER))
+            .filter(|_| !unhealthy)
             .cloned()
             .unwrap_or_default();
         let cordoned: Vec<String> = annotations
@@ -693,6 +700,32 @@ mod tests {
         assert!(model.apply_node(&broken).is_err());
         let id = model.cluster().node_id("n1").unwrap();
         assert_eq!(model.cluster().node(id).unwrap().gpus.len(), 2);
+    }
+
+    #[test]
+    fn a_node_marked_unhealthy_offers_no_gpus_until_requested_again() {
+        let mut model = ClusterModel::new(config());
+        let mut node = kube_node("n1", 1, 1000);
+        let annotations = node.metadata.annotations.as_mut().unwrap();
+        annotations.insert(
+            keys::NODE_HANDSHAKE.into(),
+            "Deleted_2025-07-12 01:12:20".into(),
+        );
+        model.apply_node(&node).unwrap();
+        assert!(matches!(
+            model.filter(&slice_pod("a", 100, 10), &names(&["n1"])),
+            FilterOutcome::NoFit { .. }
+        ));
+        let annotations = node.metadata.annotations.as_mut().unwrap();
+        annotations.insert(
+            keys::NODE_HANDSHAKE.into(),
+            "Requesting_2025-07-12 01:13:20".into(),
+        );
+        model.apply_node(&node).unwrap();
+        assert!(matches!(
+            model.filter(&slice_pod("a", 100, 10), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
     }
 
     #[test]

@@ -1,0 +1,219 @@
+//! The node handshake (`hami.io/node-handshake`), kept with HAMi's
+//! semantics so HAMi's own device plugin can run under this scheduler.
+//!
+//! [`action`] is the pure rule for one node; [`run`] is the leader's
+//! periodic pass. Only the replica whose kube-scheduler holds the Lease
+//! writes (it follows the Lease, it never campaigns), and it writes only
+//! when the value must change: once per node after it registers, and when
+//! a node turns unhealthy. An unhealthy node is marked `Deleted_<time>`
+//! (HAMi ≤ v2.9's marker, which HEAD still reads) rather than having the key
+//! removed, so a dead node is not re-requested every pass; the model offers
+//! no GPUs on a node so marked.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use proto::hami::civil_time::CivilDateTime;
+use proto::hami::handshake::Handshake;
+use proto::hami::keys;
+use serde_json::json;
+use tracing::{info, warn};
+
+/// How long a `Requesting_` stamp counts as a fresh answer (HAMi: 60 s).
+pub const FRESH_SECS: i64 = 60;
+/// Time between passes (HAMi: 15 s).
+pub const PERIOD: Duration = Duration::from_secs(15);
+
+/// What to do with one node's handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Leave it as it is.
+    Keep,
+    /// Write `Requesting_<now>` (missing, unreadable, or a legacy value).
+    Request(String),
+    /// The node stopped advertising GPUs: write `Deleted_<now>`.
+    Unhealthy(String),
+}
+
+/// HAMi's rule for a node's handshake at `now_unix`, given the node's
+/// `allocatable` count of the GPU resource (`None` when absent).
+#[must_use]
+pub fn action(current: Option<&str>, allocatable_gpus: Option<i64>, now_unix: i64) -> Action {
+    let request = || {
+        Handshake::requesting_at(now_unix).map_or(Action::Keep, |h| Action::Request(h.to_string()))
+    };
+    let unhealthy = || {
+        CivilDateTime::from_unix_seconds(now_unix).map_or(Action::Keep, |t| {
+            Action::Unhealthy(Handshake::Deleted(t).to_string())
+        })
+    };
+    match current.map(str::parse::<Handshake>) {
+        Some(Ok(h @ Handshake::Requesting(_))) => {
+            if h.is_fresh_request(now_unix) || allocatable_gpus.unwrap_or(0) > 0 {
+                Action::Keep
+            } else {
+                unhealthy()
+            }
+        }
+        // A node we marked unhealthy comes back when it advertises GPUs again.
+        Some(Ok(Handshake::Deleted(_))) if allocatable_gpus.unwrap_or(0) == 0 => Action::Keep,
+        _ => request(),
+    }
+}
+
+/// Whether this replica is the leader: the kube-scheduler Lease is held by
+/// an identity starting with our hostname and has not expired.
+#[must_use]
+pub fn is_leader(lease: &Lease, hostname: &str, now: SystemTime) -> bool {
+    let Some(spec) = lease.spec.as_ref() else {
+        return false;
+    };
+    let held_by_us = spec
+        .holder_identity
+        .as_deref()
+        .is_some_and(|id| !hostname.is_empty() && id.starts_with(hostname));
+    let Some(renewed) = spec.renew_time.as_ref() else {
+        return false;
+    };
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    held_by_us && renewed.0.as_second() + duration >= unix_seconds(now)
+}
+
+fn unix_seconds(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// The leader's periodic pass over every node, forever.
+pub async fn run(
+    client: Client,
+    lease_namespace: String,
+    lease_name: String,
+    hostname: String,
+    gpu_resource: String,
+) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_namespace);
+    let nodes: Api<Node> = Api::all(client);
+    let mut tick = tokio::time::interval(PERIOD);
+    loop {
+        tick.tick().await;
+        let leader = match leases.get_opt(&lease_name).await {
+            Ok(Some(lease)) => is_leader(&lease, &hostname, SystemTime::now()),
+            Ok(None) => false,
+            Err(error) => {
+                warn!(%error, "cannot read the scheduler lease");
+                false
+            }
+        };
+        if !leader {
+            continue;
+        }
+        let list = match nodes.list(&Default::default()).await {
+            Ok(l) => l,
+            Err(error) => {
+                warn!(%error, "cannot list nodes for the handshake");
+                continue;
+            }
+        };
+        let now = unix_seconds(SystemTime::now());
+        for node in list {
+            let Some(name) = node.metadata.name.as_deref() else {
+                continue;
+            };
+            let annotations = node.metadata.annotations.as_ref();
+            if annotations.is_none_or(|a| !a.contains_key(keys::NODE_NVIDIA_REGISTER)) {
+                continue;
+            }
+            let current = annotations
+                .and_then(|a| a.get(keys::NODE_HANDSHAKE))
+                .map(String::as_str);
+            let allocatable = node
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .and_then(|a| a.get(&gpu_resource))
+                .and_then(|q| crate::quantity::parse_whole(&q.0).ok());
+            let value = match action(current, allocatable, now) {
+                Action::Keep => continue,
+                Action::Request(v) => json!(v),
+                Action::Unhealthy(v) => {
+                    info!(node = %name, "node advertises no GPUs past the handshake window: unhealthy");
+                    json!(v)
+                }
+            };
+            let patch = json!({"metadata": {"annotations": {keys::NODE_HANDSHAKE: value}}});
+            if let Err(error) = nodes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                warn!(node = %name, %error, "cannot write the handshake");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_752_282_740; // 2025-07-12 01:12:20 UTC
+
+    #[test]
+    fn missing_or_legacy_handshakes_are_requested() {
+        assert_eq!(
+            action(None, Some(10), NOW),
+            Action::Request("Requesting_2025-07-12 01:12:20".to_owned())
+        );
+        assert!(matches!(
+            action(Some("garbage"), Some(10), NOW),
+            Action::Request(_)
+        ));
+        assert!(matches!(
+            action(
+                Some("Reported 2025-07-12 01:12:00.1 +0000 UTC"),
+                Some(10),
+                NOW
+            ),
+            Action::Request(_)
+        ));
+    }
+
+    #[test]
+    fn a_request_is_kept_while_fresh_or_while_gpus_are_allocatable() {
+        let fresh = "Requesting_2025-07-12 01:12:00";
+        let old = "Requesting_2025-07-12 01:00:00";
+        assert_eq!(action(Some(fresh), Some(0), NOW), Action::Keep);
+        assert_eq!(action(Some(old), Some(4), NOW), Action::Keep);
+        let dead = Action::Unhealthy("Deleted_2025-07-12 01:12:20".to_owned());
+        assert_eq!(action(Some(old), Some(0), NOW), dead);
+        assert_eq!(action(Some(old), None, NOW), dead);
+    }
+
+    #[test]
+    fn a_deleted_node_is_requested_again_when_it_advertises_gpus() {
+        let deleted = "Deleted_2025-07-12 01:00:00";
+        assert_eq!(action(Some(deleted), Some(0), NOW), Action::Keep);
+        assert!(matches!(
+            action(Some(deleted), Some(2), NOW),
+            Action::Request(_)
+        ));
+    }
+
+    #[test]
+    fn leadership_follows_the_lease_holder_and_expiry() {
+        let lease: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpuslice-scheduler"},
+            "spec": {"holderIdentity": "sched-0_1234", "leaseDurationSeconds": 15,
+                     "renewTime": "2025-07-12T01:12:10.000000Z"}
+        }))
+        .unwrap();
+        let at = |secs: i64| UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap());
+        assert!(is_leader(&lease, "sched-0", at(NOW)));
+        assert!(!is_leader(&lease, "sched-1", at(NOW)));
+        assert!(!is_leader(&lease, "sched-0", at(NOW + 10)));
+        assert!(!is_leader(&lease, "", at(NOW)));
+    }
+}
