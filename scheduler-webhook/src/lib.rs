@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod core;
+pub mod events;
 pub mod extender;
 pub mod handshake;
 pub mod metrics;

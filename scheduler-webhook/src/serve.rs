@@ -150,6 +150,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
     let registry = Arc::new(Metrics::new());
     let extender = ExtenderState {
         model: model.clone(),
+        events: crate::events::EventSink::spawn(client.clone(), 1024),
         client,
         metrics: registry.clone(),
     };

@@ -14,6 +14,7 @@ use super::bind::bind;
 use super::wire::{ExtenderBindingResult, ExtenderFilterResult, decode_bind, decode_filter};
 use crate::cache::model::FilterOutcome;
 use crate::cache::owner::ModelHandle;
+use crate::events::{EventSink, PodEvent};
 use crate::metrics::Metrics;
 
 /// Largest request body accepted (1 MiB, as HAMi).
@@ -28,6 +29,8 @@ pub struct ExtenderState {
     pub client: Client,
     /// Where decisions are counted.
     pub metrics: Arc<Metrics>,
+    /// Where pod events go.
+    pub events: EventSink,
 }
 
 /// Registers `POST /filter` and `POST /bind`.
@@ -60,6 +63,15 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
     let started = Instant::now();
     let pod_name = args.pod.metadata.name.clone().unwrap_or_default();
     let namespace = args.pod.metadata.namespace.clone().unwrap_or_default();
+    let uid = args.pod.metadata.uid.clone().unwrap_or_default();
+    let event = |warning, reason, message| PodEvent {
+        namespace: namespace.clone(),
+        name: pod_name.clone(),
+        uid: uid.clone(),
+        warning,
+        reason,
+        message,
+    };
     let candidates = args.candidates().to_vec();
     // Node objects in the request mean a simulation: decide, keep nothing.
     let keep = args.nodes.is_none();
@@ -87,6 +99,13 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
             failed,
         }) => {
             info!(pod = %pod_name, %namespace, %node, %devices, refused = failed.len(), "filter placed pod");
+            if keep {
+                state.events.emit(event(
+                    false,
+                    "FilteringSucceed",
+                    format!("find fit node({node}), {} nodes not fit", failed.len()),
+                ));
+            }
             ExtenderFilterResult {
                 node_names: Some(vec![node]),
                 failed_nodes: Some(failed),
@@ -95,6 +114,15 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
         }
         Ok(FilterOutcome::NoFit { failed }) => {
             info!(pod = %pod_name, %namespace, reasons = ?failed, "filter found no node");
+            if keep {
+                let reasons: Vec<String> =
+                    failed.iter().map(|(n, r)| format!("{n}: {r}")).collect();
+                state.events.emit(event(
+                    true,
+                    "FilteringFailed",
+                    format!("no node fits: {}", reasons.join("; ")),
+                ));
+            }
             ExtenderFilterResult {
                 node_names: Some(Vec::new()),
                 failed_nodes: Some(failed),
@@ -130,6 +158,22 @@ async fn bind_route(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRe
         Err(e) => e.to_string(),
     };
     let label = if error.is_empty() { "bound" } else { "failed" };
+    state.events.emit(PodEvent {
+        namespace: args.pod_namespace.clone(),
+        name: args.pod_name.clone(),
+        uid: args.pod_uid.clone(),
+        warning: !error.is_empty(),
+        reason: if error.is_empty() {
+            "BindingSucceed"
+        } else {
+            "BindingFailed"
+        },
+        message: if error.is_empty() {
+            format!("bound to node {}", args.node)
+        } else {
+            error.clone()
+        },
+    });
     Metrics::count(&state.metrics.bind_results, label);
     state
         .metrics
