@@ -12,16 +12,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use node_daemon::cluster::memory::{ClusterState, MemoryCluster};
-use node_daemon::cluster::{ContainerView, PodView};
+use node_daemon::cluster::{AnnotationPatch, Cluster, ClusterError, ContainerView, PodView};
 use node_daemon::daemon::{Daemon, run};
 use node_daemon::devices::DeviceSource as _;
 use node_daemon::devices::simulated::{HealthSwitch, SimulatedDevices};
 use node_daemon::settings::{DeviceSourceKind, Settings, SimulatedGpu};
 use proto::deviceplugin::v1beta1 as api;
 use proto::hami::keys;
+use proto::hami::node_lock::LockOwner;
 use tokio::net::UnixListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 
@@ -106,6 +108,18 @@ impl Node {
     /// Starts a daemon with two simulated T4s (split `split`) and waits for
     /// its registration.
     async fn start(split: u32, cluster: MemoryCluster, dir: Option<tempfile::TempDir>) -> Self {
+        let api = Arc::new(cluster.clone());
+        Self::start_with(split, cluster, api, dir).await
+    }
+
+    /// Like [`Node::start`], with the daemon speaking to `api` (a wrapper of
+    /// `cluster`).
+    async fn start_with(
+        split: u32,
+        cluster: MemoryCluster,
+        api: Arc<dyn Cluster>,
+        dir: Option<tempfile::TempDir>,
+    ) -> Self {
         let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
         let mut registrations = start_kubelet(dir.path());
         let settings = settings(dir.path(), split);
@@ -121,7 +135,7 @@ impl Node {
         let daemon = Daemon {
             settings,
             devices: Arc::new(devices),
-            cluster: Arc::new(cluster.clone()),
+            cluster: api,
         };
         let done = actix::spawn(run(daemon, async {
             let _ = stopped.await;
@@ -585,4 +599,108 @@ async fn a_restarted_daemon_rebuilds_the_ledger_and_never_double_books() {
         err.message()
     );
     node.stop().await;
+}
+
+/// The in-memory cluster, but pod patches wait until `open` is notified
+/// (after notifying `entered`): an Allocate caught in flight.
+struct GatedCluster {
+    inner: MemoryCluster,
+    entered: Arc<Notify>,
+    open: Arc<Notify>,
+}
+
+impl Cluster for GatedCluster {
+    fn pods_on_node<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<PodView>, ClusterError>> {
+        self.inner.pods_on_node(node)
+    }
+
+    fn node_lock<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, ClusterError>> {
+        self.inner.node_lock(node)
+    }
+
+    fn patch_pod_annotations<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        patch: AnnotationPatch,
+    ) -> BoxFuture<'a, Result<(), ClusterError>> {
+        Box::pin(async move {
+            self.entered.notify_one();
+            self.open.notified().await;
+            self.inner
+                .patch_pod_annotations(namespace, name, patch)
+                .await
+        })
+    }
+
+    fn release_node_lock<'a>(
+        &'a self,
+        node: &'a str,
+        owner: &'a LockOwner,
+    ) -> BoxFuture<'a, Result<bool, ClusterError>> {
+        self.inner.release_node_lock(node, owner)
+    }
+
+    fn set_node_annotation<'a>(
+        &'a self,
+        node: &'a str,
+        key: &'a str,
+        value: String,
+    ) -> BoxFuture<'a, Result<(), ClusterError>> {
+        self.inner.set_node_annotation(node, key, value)
+    }
+}
+
+#[actix::test]
+async fn shutdown_finishes_the_allocate_in_flight_then_removes_the_socket() {
+    let cluster = MemoryCluster::new();
+    let (entered, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let api = Arc::new(GatedCluster {
+        inner: cluster.clone(),
+        entered: Arc::clone(&entered),
+        open: Arc::clone(&open),
+    });
+    let mut node = Node::start_with(2, cluster.clone(), api, None).await;
+    let a = node.uuids[0].clone();
+    cluster.put_pod(
+        NODE,
+        bound_pod("late", &["app"], &format!("{a},NVIDIA,100,1:;")),
+    );
+    let mut client = node.client().await;
+    let request = allocate_request(&[format!("{a}-0")]);
+    let in_flight = tokio::spawn(async move { client.allocate(request).await });
+    within("Allocate reaching the API", entered.notified()).await;
+
+    let _ = node.stop.take().unwrap().send(());
+    // Draining: the socket stops accepting while the Allocate is held.
+    let socket = node.socket();
+    within("the socket to stop accepting", async {
+        while tokio::net::UnixStream::connect(&socket).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(!in_flight.is_finished());
+    open.notify_one();
+    let response = within("in-flight Allocate", in_flight).await.unwrap();
+    let response = response.expect("the Allocate in flight at shutdown completes");
+    assert_eq!(response.into_inner().container_responses.len(), 1);
+    assert_eq!(
+        cluster
+            .pod("ns", "late")
+            .unwrap()
+            .annotation(keys::BIND_PHASE),
+        Some("success")
+    );
+    within("shutdown", node.done.take().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!node.socket().exists(), "socket removed after the drain");
 }

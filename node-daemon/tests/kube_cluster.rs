@@ -1,0 +1,262 @@
+//! `KubeCluster` against an in-process HTTP stand-in for kube-apiserver
+//! (a `tower::service_fn` under a real `kube::Client`): the requests it
+//! makes (paths, field selector, merge patches, resourceVersion guard) and
+//! how it handles a 409 Conflict.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test harness: a failed setup step must panic"
+)]
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use node_daemon::cluster::kube::KubeCluster;
+use node_daemon::cluster::{AnnotationPatch, Cluster as _};
+use proto::hami::keys;
+use proto::hami::node_lock::LockOwner;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+/// What the stand-in holds and saw.
+#[derive(Debug, Default)]
+struct ApiState {
+    node: Value,
+    pods: Vec<Value>,
+    /// `METHOD path?query` of every request.
+    log: Vec<String>,
+    /// Merge-patch bodies received.
+    patches: Vec<Value>,
+    /// Bump the node's resourceVersion once right before the next PATCH,
+    /// as a concurrent writer would.
+    race_next_patch: bool,
+}
+
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+fn reply(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+fn bump(rv: &mut Value) {
+    let n: u64 = rv.as_str().unwrap().parse().unwrap();
+    *rv = Value::String((n + 1).to_string());
+}
+
+async fn handle(
+    state: Arc<Mutex<ApiState>>,
+    req: Request<kube::client::Body>,
+) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let mut s = state.lock().await;
+    let target = parts.uri.path_and_query().unwrap().as_str().to_owned();
+    s.log.push(format!("{} {target}", parts.method));
+    let path = parts.uri.path();
+    match (parts.method.as_str(), path) {
+        ("GET", "/api/v1/pods") => {
+            let items = s.pods.clone();
+            reply(
+                StatusCode::OK,
+                &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": items}),
+            )
+        }
+        ("GET", "/api/v1/nodes/n1") => reply(StatusCode::OK, &s.node),
+        ("PATCH", "/api/v1/nodes/n1") => {
+            assert_eq!(
+                parts.headers["content-type"],
+                "application/merge-patch+json"
+            );
+            let patch: Value = serde_json::from_slice(&body).unwrap();
+            s.patches.push(patch.clone());
+            if std::mem::take(&mut s.race_next_patch) {
+                bump(&mut s.node["metadata"]["resourceVersion"]);
+            }
+            let guard = &patch["metadata"]["resourceVersion"];
+            if !guard.is_null() && *guard != s.node["metadata"]["resourceVersion"] {
+                return reply(
+                    StatusCode::CONFLICT,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+                );
+            }
+            let mut patch = patch;
+            if let Some(meta) = patch["metadata"].as_object_mut() {
+                meta.remove("resourceVersion");
+            }
+            merge(&mut s.node, &patch);
+            bump(&mut s.node["metadata"]["resourceVersion"]);
+            reply(StatusCode::OK, &s.node)
+        }
+        ("PATCH", "/api/v1/namespaces/ns/pods/p") => {
+            assert_eq!(
+                parts.headers["content-type"],
+                "application/merge-patch+json"
+            );
+            let patch: Value = serde_json::from_slice(&body).unwrap();
+            s.patches.push(patch.clone());
+            merge(&mut s.pods[0], &patch);
+            reply(StatusCode::OK, &s.pods[0])
+        }
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+        ),
+    }
+}
+
+fn stand_in(lock: &str) -> (KubeCluster, Arc<Mutex<ApiState>>) {
+    let state = Arc::new(Mutex::new(ApiState {
+        node: json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {keys::NODE_LOCK: lock, "other": "kept"}}}),
+        pods: vec![json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "3",
+                         "annotations": {keys::BIND_PHASE: "allocating"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "app"}]},
+            "status": {"phase": "Pending"}})],
+        ..ApiState::default()
+    }));
+    let shared = Arc::clone(&state);
+    let service = tower::service_fn(move |req| {
+        let state = Arc::clone(&shared);
+        async move { Ok::<_, std::convert::Infallible>(handle(state, req).await) }
+    });
+    (
+        KubeCluster::new(kube::Client::new(service, "default")),
+        state,
+    )
+}
+
+fn owner(pod: &str) -> LockOwner {
+    LockOwner {
+        namespace: "ns".into(),
+        pod: pod.into(),
+    }
+}
+
+#[tokio::test]
+async fn pods_are_listed_by_node_field_selector() {
+    let (cluster, state) = stand_in("2025-10-20T03:07:02Z,ns,p");
+    let pods = cluster.pods_on_node("n1").await.unwrap();
+    assert_eq!(pods.len(), 1);
+    assert_eq!(
+        (
+            pods[0].full_name().as_str(),
+            pods[0].uid.as_str(),
+            pods[0].phase.as_str()
+        ),
+        ("ns/p", "u1", "Pending")
+    );
+    let log = &state.lock().await.log;
+    assert!(
+        log[0].starts_with("GET /api/v1/pods?")
+            && log[0].contains("fieldSelector=spec.nodeName%3Dn1"),
+        "{log:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_owner_releases_the_lock_guarded_by_resource_version() {
+    let (cluster, state) = stand_in("2025-10-20T03:07:02Z,ns,p");
+    assert_eq!(
+        cluster.node_lock("n1").await.unwrap().as_deref(),
+        Some("2025-10-20T03:07:02Z,ns,p")
+    );
+    assert!(cluster.release_node_lock("n1", &owner("p")).await.unwrap());
+    let s = state.lock().await;
+    assert_eq!(
+        s.patches,
+        [json!({"metadata": {"resourceVersion": "5", "annotations": {keys::NODE_LOCK: null}}})]
+    );
+    assert!(
+        s.node["metadata"]["annotations"]
+            .get(keys::NODE_LOCK)
+            .is_none()
+    );
+    assert_eq!(s.node["metadata"]["annotations"]["other"], "kept");
+}
+
+#[tokio::test]
+async fn another_pods_lock_is_left_alone() {
+    let (cluster, state) = stand_in("2025-10-20T03:07:02Z,ns,someone-else");
+    assert!(!cluster.release_node_lock("n1", &owner("p")).await.unwrap());
+    let s = state.lock().await;
+    assert!(s.patches.is_empty());
+    assert!(s.log.iter().all(|l| l.starts_with("GET")), "{:?}", s.log);
+}
+
+#[tokio::test]
+async fn a_conflicting_release_is_retried_with_the_new_version() {
+    let (cluster, state) = stand_in("2025-10-20T03:07:02Z,ns,p");
+    state.lock().await.race_next_patch = true;
+    assert!(cluster.release_node_lock("n1", &owner("p")).await.unwrap());
+    let s = state.lock().await;
+    let versions: Vec<&Value> = s
+        .patches
+        .iter()
+        .map(|p| &p["metadata"]["resourceVersion"])
+        .collect();
+    assert_eq!(versions, [&json!("5"), &json!("6")]);
+    assert!(
+        s.node["metadata"]["annotations"]
+            .get(keys::NODE_LOCK)
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn pod_annotations_are_one_merge_patch_with_null_removal() {
+    let (cluster, state) = stand_in("x");
+    let patch: AnnotationPatch = [
+        (keys::BIND_PHASE.to_owned(), Some("success".to_owned())),
+        (keys::VGPU_DEVICES_TO_ALLOCATE.to_owned(), None),
+    ]
+    .into_iter()
+    .collect();
+    cluster
+        .patch_pod_annotations("ns", "p", patch)
+        .await
+        .unwrap();
+    cluster
+        .set_node_annotation("n1", keys::NODE_NVIDIA_REGISTER, "[]".into())
+        .await
+        .unwrap();
+    let s = state.lock().await;
+    assert_eq!(
+        s.pods[0]["metadata"]["annotations"][keys::BIND_PHASE],
+        "success"
+    );
+    assert_eq!(
+        s.patches[0],
+        json!({"metadata": {"annotations": {keys::BIND_PHASE: "success", keys::VGPU_DEVICES_TO_ALLOCATE: null}}})
+    );
+    assert_eq!(
+        s.node["metadata"]["annotations"][keys::NODE_NVIDIA_REGISTER],
+        "[]"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_node_is_not_found() {
+    let (cluster, _) = stand_in("x");
+    let err = cluster.node_lock("nope").await.unwrap_err();
+    assert!(err.to_string().contains("node nope not found"), "{err}");
+}
