@@ -121,6 +121,33 @@ async fn readyz(model: web::Data<ModelHandle>) -> HttpResponse {
     }
 }
 
+/// The two listening sockets of `serve`, bound before serving so a caller
+/// (a test, the sandbox) can pass port 0 and learn the real ports.
+#[derive(Debug)]
+pub struct Listeners {
+    /// `/webhook`, `/filter`, `/bind`, `/healthz`, `/readyz`.
+    pub api: std::net::TcpListener,
+    /// `/metrics`.
+    pub metrics: std::net::TcpListener,
+}
+
+impl Listeners {
+    /// Binds the addresses in the settings.
+    ///
+    /// # Errors
+    /// A [`ServeError`] for an unparsable address or a port in use.
+    pub fn bind(settings: &Settings) -> Result<Self, ServeError> {
+        let bind = |key, value: &str| {
+            let addr = parse_listen(key, value).map_err(|e| ServeError::Config(e.to_string()))?;
+            std::net::TcpListener::bind(addr).map_err(|source| ServeError::Io { addr, source })
+        };
+        Ok(Self {
+            api: bind("listen", &settings.listen)?,
+            metrics: bind("metricsListen", &settings.metrics_listen)?,
+        })
+    }
+}
+
 /// Serves webhook and extender until `shutdown` completes, then drains.
 ///
 /// Must run inside an actix system (`actix_web::rt::System`).
@@ -128,8 +155,27 @@ async fn readyz(model: web::Data<ModelHandle>) -> HttpResponse {
 /// # Errors
 /// A [`ServeError`] when the client, TLS or listener cannot be set up.
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-    let listen =
-        parse_listen("listen", &settings.listen).map_err(|e| ServeError::Config(e.to_string()))?;
+    let listeners = Listeners::bind(&settings)?;
+    run_on(settings, listeners, shutdown).await
+}
+
+/// [`run`] on listeners the caller bound.
+///
+/// # Errors
+/// A [`ServeError`] when the client, TLS or listener cannot be set up.
+pub async fn run_on(
+    settings: Settings,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let local = |l: &std::net::TcpListener| {
+        l.local_addr().map_err(|source| ServeError::Io {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })
+    };
+    let listen = local(&listeners.api)?;
+    let metrics_listen = local(&listeners.metrics)?;
     let client = client(&settings).await?;
     let model = owner::spawn(ClusterModel::new(model_config(&settings)?));
     let watcher = tokio::spawn(crate::cache::watch::run(client.clone(), model.clone()));
@@ -154,8 +200,6 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
         client,
         metrics: registry.clone(),
     };
-    let metrics_listen = parse_listen("metricsListen", &settings.metrics_listen)
-        .map_err(|e| ServeError::Config(e.to_string()))?;
     let metrics_model = web::Data::new(model.clone());
     let metrics_registry = web::Data::new(registry);
     let metrics_server = HttpServer::new(move || {
@@ -166,7 +210,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
     })
     .workers(1)
     .disable_signals()
-    .bind(metrics_listen)
+    .listen(listeners.metrics)
     .map_err(|source| ServeError::Io {
         addr: metrics_listen,
         source,
@@ -190,7 +234,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
         source,
     };
     let server = if settings.insecure_http {
-        server.bind(listen).map_err(io)?
+        server.listen(listeners.api).map_err(io)?
     } else {
         let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) else {
             return Err(ServeError::Config(
@@ -198,7 +242,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
             ));
         };
         server
-            .bind_rustls_0_23(listen, crate::tls::server_config(cert, key)?)
+            .listen_rustls_0_23(listeners.api, crate::tls::server_config(cert, key)?)
             .map_err(io)?
     };
     for addr in server.addrs() {
