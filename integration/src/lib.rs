@@ -2,5 +2,6 @@
 //! kube-scheduler) that speak the real protocols, used by the end-to-end
 //! tests, the benchmarks and the sandbox.
 
+pub mod checker;
 pub mod fake_apiserver;
 pub mod fake_kubelet;
