@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Chart CI for gpuslice: lint, render, validate against Kubernetes 1.33 schemas, and check that
+# every flag/env the chart passes exists in the binaries. Exits non-zero on the first failure.
+#
+# Needs python3 with pip and a Rust toolchain (only when target/debug has no binaries);
+# installs helm (helm/install-helm.sh, into target/ci-tools) and kubernetes-validate (pip).
+# Usage: helm/ci.sh            (from anywhere; about 20 s when the binaries are built)
+set -euo pipefail
+HELM_DIR="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(dirname "$HELM_DIR")"
+CHART="$HELM_DIR/gpuslice"
+KUBE_VERSION="${KUBE_VERSION:-1.33.0}"
+TOOLS="${GPUSLICE_CI_TOOLS:-$ROOT/target/ci-tools}"
+BIN_DIR="${GPUSLICE_BIN_DIR:-$ROOT/target/debug}"
+OUT="$(mktemp -d)"; trap 'rm -rf "$OUT"' EXIT
+
+step() { printf '\n=== helm/ci.sh: %s\n' "$*"; }
+
+step "tools: helm (helm/install-helm.sh into $TOOLS/bin) and kubernetes-validate (pip)"
+if [ ! -x "$TOOLS/bin/helm" ]; then
+  "$HELM_DIR/install-helm.sh" "$TOOLS/bin"
+fi
+export PATH="$TOOLS/bin:$PATH"
+helm version --short
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+  python3 -m pip install -q kubernetes-validate || python3 -m pip install -q --user kubernetes-validate
+  export PATH="$HOME/.local/bin:$PATH"
+fi
+kubernetes-validate --version
+
+VALUE_SETS=(default all-features)
+values_args() {  # the -f arguments of one value set
+  case "$1" in
+    default) ;;
+    all-features) echo "-f $CHART/ci/all-features-values.yaml" ;;
+  esac
+}
+
+step "values: every value has a comment in values.yaml and a described entry in values.schema.json"
+python3 "$HELM_DIR/check_chart.py" values "$CHART"
+
+for set in "${VALUE_SETS[@]}"; do
+  # shellcheck disable=SC2046
+  step "lint ($set values): helm lint --strict"
+  helm lint --strict "$CHART" $(values_args "$set") --kube-version "$KUBE_VERSION"
+
+  step "render ($set values): helm template --kube-version $KUBE_VERSION"
+  # shellcheck disable=SC2046
+  helm template gpuslice "$CHART" --namespace gpuslice-system --kube-version "$KUBE_VERSION" \
+    $(values_args "$set") > "$OUT/$set.yaml"
+  echo "rendered $(grep -c '^kind:' "$OUT/$set.yaml") objects: $(grep '^kind:' "$OUT/$set.yaml" | sort | uniq -c | awk '{printf "%s×%s ", $1, $3}')"
+
+  step "schema ($set values): kubernetes-validate --strict -k $KUBE_VERSION"
+  kubernetes-validate --strict -k "$KUBE_VERSION" - < "$OUT/$set.yaml" 2>&1 | tee "$OUT/$set.validate" \
+    | grep -v '^INFO - passed' || true
+  if grep -q -E '^(ERROR|CRITICAL)' "$OUT/$set.validate" || ! grep -q 'INFO - passed' "$OUT/$set.validate"; then
+    echo "FAIL: kubernetes-validate rejected the $set manifests"; exit 1
+  fi
+  # Only custom resources may lack a built-in schema; they get the structural check below.
+  unknown="$(grep "Couldn't find schema" "$OUT/$set.validate" \
+    | grep -v -E 'kind (Certificate|Issuer) with api version cert-manager.io/v1|kind ServiceMonitor with api version monitoring.coreos.com/v1' || true)"
+  if [ -n "$unknown" ]; then
+    echo "FAIL: objects without a schema that are not known custom resources:"; echo "$unknown"; exit 1
+  fi
+  echo "passed: $(grep -c 'INFO - passed' "$OUT/$set.validate") objects valid against Kubernetes $KUBE_VERSION"
+
+  step "custom resources ($set values): required fields of cert-manager / ServiceMonitor objects"
+  python3 "$HELM_DIR/check_chart.py" crds "$OUT/$set.yaml"
+done
+
+step "render variants: external cert-manager issuer, no node-daemon, hard anti-affinity off"
+helm template gpuslice "$CHART" --namespace gs --kube-version "$KUBE_VERSION" \
+  --set scheduler.admissionWebhook.certManager.enabled=true \
+  --set scheduler.admissionWebhook.certManager.issuerRef.name=corp-ca \
+  --set scheduler.admissionWebhook.certManager.issuerRef.kind=ClusterIssuer \
+  --set devicePlugin.enabled=false --set scheduler.podAntiAffinity=none \
+  --set scheduler.podDisruptionBudget.enabled=false > "$OUT/variant.yaml"
+kubernetes-validate --strict -k "$KUBE_VERSION" --quiet - < "$OUT/variant.yaml" 2>&1 \
+  | { grep -v "Couldn't find schema for kind Certificate" || true; } | tee "$OUT/variant.validate"
+if [ -s "$OUT/variant.validate" ]; then echo "FAIL: variant manifests rejected"; exit 1; fi
+python3 "$HELM_DIR/check_chart.py" crds "$OUT/variant.yaml"
+if grep -q '^kind: DaemonSet' "$OUT/variant.yaml"; then echo "FAIL: devicePlugin.enabled=false still renders a DaemonSet"; exit 1; fi
+echo "passed"
+
+step "bad values are refused by values.schema.json"
+for bad in scheduler.replicas=0 scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy=fgd \
+           devicePlugin.deviceSplitCount=0 scheduler.admissionWebhook.failurePolicy=Maybe \
+           resourceMem=gpumem devicePlugin.unknownKey=1; do
+  if helm template gpuslice "$CHART" --kube-version "$KUBE_VERSION" --set "$bad" >/dev/null 2>"$OUT/bad.err"; then
+    echo "FAIL: --set $bad was accepted"; exit 1
+  fi
+  echo "refused --set $bad: $(grep -m1 -E "at '|Error" "$OUT/bad.err" | sed 's/^ *//')"
+done
+
+step "binaries: flags and env vars the chart passes exist in --help, and the binaries accept them"
+if [ ! -x "$BIN_DIR/scheduler-webhook" ] || [ ! -x "$BIN_DIR/node-daemon" ]; then
+  echo "building scheduler-webhook and node-daemon (cargo build) into $BIN_DIR"
+  (cd "$ROOT" && cargo build -q -p scheduler-webhook --bin scheduler-webhook -p node-daemon --bin node-daemon)
+fi
+for set in "${VALUE_SETS[@]}"; do
+  echo "-- $set values"
+  python3 "$HELM_DIR/check_chart.py" flags "$OUT/$set.yaml" "$BIN_DIR"
+done
+
+step "all chart checks passed"
