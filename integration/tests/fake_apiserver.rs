@@ -761,9 +761,19 @@ async fn discovery_finds_core_resources_and_coordination() {
 
 /// One HTTP/1.1 request over a fresh connection; returns status and body.
 async fn raw_http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    raw_http_typed(addr, method, path, "application/json", body).await
+}
+
+async fn raw_http_typed(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -863,5 +873,65 @@ async fn injected_faults_fail_or_delay_matching_requests() {
         body.contains("the server could not find the requested resource"),
         "{body}"
     );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bodies_other_than_json_are_unsupported_media_types() {
+    let (server, _client) = start().await;
+    let (status, body) = raw_http_typed(
+        server.addr(),
+        "POST",
+        "/api/v1/namespaces",
+        "application/vnd.kubernetes.protobuf",
+        "k8s\u{0}",
+    )
+    .await;
+    assert_eq!(status, 415, "{body}");
+    let status_object: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status_object["reason"], "UnsupportedMediaType");
+    let (status, _) = raw_http_typed(
+        server.addr(),
+        "PATCH",
+        "/api/v1/namespaces/default",
+        "application/apply-patch+yaml",
+        "metadata: {}",
+    )
+    .await;
+    assert_eq!(status, 415);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_streaming_list_watcher_syncs_from_initial_events() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for name in ["s1", "s2"] {
+        pods.create(&PostParams::default(), &pod(name))
+            .await
+            .unwrap();
+    }
+    let (reader, writer) = reflector::store();
+    let (tx, mut changed) = signal::channel(0u64);
+    let config = watcher::Config::default().streaming_lists();
+    let stream = reflector(writer, watcher(pods.clone(), config)).default_backoff();
+    let task = tokio::spawn(async move {
+        let mut stream = pin!(stream);
+        while stream.next().await.is_some() {
+            tx.send_modify(|n| *n += 1);
+        }
+    });
+    let synced =
+        tokio::time::timeout(DEADLINE, changed.wait_for(|_| reader.state().len() == 2)).await;
+    assert!(
+        synced.is_ok_and(|r| r.is_ok()),
+        "initial events never completed the list"
+    );
+    pods.delete("s1", &DeleteParams::default()).await.unwrap();
+    let followed =
+        tokio::time::timeout(DEADLINE, changed.wait_for(|_| reader.state().len() == 1)).await;
+    assert!(followed.is_ok_and(|r| r.is_ok()));
+    assert_eq!(server.stats().lists, 0, "a streaming list never calls list");
+    task.abort();
     server.shutdown().await;
 }

@@ -192,6 +192,33 @@ fn real_kubectl_gets_describes_annotates_and_watches_the_binary() {
     assert!(described.contains("nvidia.com/gpu"), "{described}");
     kubectl.ok(&["describe", "node", "gpu-node-1"]);
 
+    // Events show up in `get events` and in the pod's description.
+    let uid = rt
+        .block_on(pods.get("vllm-0"))
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    rt.block_on(async {
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(pods.clone().into_client(), "default");
+        let event = serde_json::from_value(json!({
+            "metadata": {"name": "vllm-0.1"},
+            "involvedObject": {"kind": "Pod", "name": "vllm-0", "namespace": "default", "uid": uid, "apiVersion": "v1"},
+            "reason": "GpusliceBound", "message": "bound to gpu-node-1", "type": "Normal",
+            "source": {"component": "gpuslice-scheduler"}, "count": 1,
+            "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z"
+        }))
+        .unwrap();
+        events.create(&PostParams::default(), &event).await.unwrap();
+    });
+    let events = kubectl.ok(&["get", "events"]);
+    assert!(
+        events.contains("GpusliceBound") && events.contains("pod/vllm-0"),
+        "{events}"
+    );
+    let described = kubectl.ok(&["describe", "pod", "vllm-0"]);
+    assert!(described.contains("GpusliceBound"), "{described}");
+
     kubectl.ok(&["annotate", "pod", "vllm-0", "gpuslice.io/note=hello"]);
     let annotated = rt.block_on(pods.get("vllm-0")).unwrap();
     let notes = annotated.metadata.annotations.unwrap_or_default();

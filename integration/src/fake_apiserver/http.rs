@@ -177,6 +177,31 @@ fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
         .map_err(|e| ApiError::BadRequest(format!("the object provided is unrecognized: {e}")))
 }
 
+/// Object bodies must be JSON. kubectl's typed clients send protobuf
+/// (`kubectl create namespace`); the fake cannot decode it and answers 415
+/// like a server that does not serve that encoding.
+fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
+    let media = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    if media.is_empty() || media == "application/json" {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(
+            "application/json".to_string(),
+        ))
+    }
+}
+
 fn selectors(def: &ResourceDef, query: &HashMap<String, String>) -> Result<Selectors, ApiError> {
     let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -298,6 +323,7 @@ async fn serve(
             if def.namespaced && namespace.is_none() {
                 return Err(ApiError::MethodNotAllowed);
             }
+            require_json(req)?;
             let object = parse_body(body)?;
             let created = shared.with_store(|s| s.create(def, namespace.as_deref(), object))??;
             Ok(json_response(StatusCode::CREATED, &created))
@@ -331,6 +357,7 @@ async fn serve(
                 ..
             },
         ) if sub.as_deref() == Some("binding") => {
+            require_json(req)?;
             let binding = parse_body(body)?;
             let ns = namespace.unwrap_or_default();
             let status = shared.with_store(|s| s.bind(&ns, &name, &binding))??;

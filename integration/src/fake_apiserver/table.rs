@@ -119,6 +119,53 @@ fn columns(def: &ResourceDef) -> Vec<Value> {
             column("Status", "string", 0, "The status of the namespace"),
             age,
         ],
+        "leases" => vec![
+            name,
+            column("Holder", "string", 0, "The holder of the lease"),
+            age,
+        ],
+        "events" => vec![
+            column(
+                "Last Seen",
+                "string",
+                0,
+                "Time since the most recent occurrence of this event.",
+            ),
+            column("Type", "string", 0, "Type of this event (Normal, Warning)."),
+            column("Reason", "string", 0, "Why the action was taken."),
+            column(
+                "Object",
+                "string",
+                0,
+                "The object that this event is about.",
+            ),
+            column(
+                "Subobject",
+                "string",
+                1,
+                "The subobject that this event is about.",
+            ),
+            column("Source", "string", 1, "The component reporting this event."),
+            column(
+                "Message",
+                "string",
+                0,
+                "A human-readable description of the status of this operation.",
+            ),
+            column(
+                "First Seen",
+                "string",
+                1,
+                "Time since the first occurrence of this event.",
+            ),
+            column(
+                "Count",
+                "string",
+                1,
+                "The number of times this event has occurred.",
+            ),
+            name,
+        ],
         _ => vec![
             name,
             column("Created At", "date", 0, "The time the object was created."),
@@ -184,7 +231,12 @@ pub fn human_duration(seconds: i64) -> String {
 }
 
 fn age(object: &Value) -> String {
-    let created = object["metadata"]["creationTimestamp"]
+    since(&object["metadata"]["creationTimestamp"])
+}
+
+/// Human duration from an RFC 3339 timestamp to now.
+fn since(timestamp: &Value) -> String {
+    let created = timestamp
         .as_str()
         .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
     match created {
@@ -308,11 +360,60 @@ fn cells(def: &ResourceDef, object: &Value) -> Vec<Value> {
             json!(text(&object["status"]["phase"], "Active")),
             json!(age(object)),
         ],
+        "leases" => vec![
+            object["metadata"]["name"].clone(),
+            json!(text(&object["spec"]["holderIdentity"], "<none>")),
+            json!(age(object)),
+        ],
+        "events" => event_cells(object),
         _ => vec![
             object["metadata"]["name"].clone(),
             object["metadata"]["creationTimestamp"].clone(),
         ],
     }
+}
+
+fn event_cells(event: &Value) -> Vec<Value> {
+    let involved = &event["involvedObject"];
+    let last = [
+        &event["lastTimestamp"],
+        &event["eventTime"],
+        &event["metadata"]["creationTimestamp"],
+    ]
+    .into_iter()
+    .find(|t| t.is_string())
+    .map_or_else(|| "<unknown>".to_string(), since);
+    let first = [
+        &event["firstTimestamp"],
+        &event["eventTime"],
+        &event["metadata"]["creationTimestamp"],
+    ]
+    .into_iter()
+    .find(|t| t.is_string())
+    .map_or_else(|| "<unknown>".to_string(), since);
+    let source = [&event["source"]["component"], &event["reportingComponent"]]
+        .into_iter()
+        .find_map(|s| s.as_str().filter(|s| !s.is_empty()))
+        .unwrap_or_default();
+    vec![
+        json!(last),
+        json!(text(&event["type"], "")),
+        json!(text(&event["reason"], "")),
+        json!(format!(
+            "{}/{}",
+            involved["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_ascii_lowercase(),
+            involved["name"].as_str().unwrap_or_default()
+        )),
+        json!(text(&involved["fieldPath"], "")),
+        json!(source),
+        json!(text(&event["message"], "")),
+        json!(first),
+        json!(event["count"].as_i64().unwrap_or(1).to_string()),
+        event["metadata"]["name"].clone(),
+    ]
 }
 
 /// A `Table` with one row per object.
