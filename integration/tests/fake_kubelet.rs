@@ -726,7 +726,7 @@ async fn registration_is_validated_like_kubelet() {
 }
 
 #[tokio::test]
-async fn pod_without_registered_plugin_is_rejected_but_plain_pods_run() {
+async fn pod_for_a_never_registered_resource_is_admitted_without_devices() {
     let node = node().await;
     let plain: Pod = serde_json::from_value(json!({"metadata": {"name": "plain", "namespace": "ns"}, "spec": {"containers": [{"name": "c"}]}})).unwrap();
     assert!(node.kubelet.admit(plain).await.unwrap().is_running());

@@ -438,7 +438,7 @@ async fn allocate_container(
             Ok::<_, AdmitError>((choice, client, held))
         })
         .await??;
-    let ids = match choice {
+    let (ids, mut client) = match choice {
         (Choice::Nothing, _, held) => {
             return Ok(held.map(|held| ContainerAllocation {
                 container: req.container,
@@ -448,13 +448,9 @@ async fn allocate_container(
                 reply: held.reply,
             }));
         }
-        (Choice::Allocate(ids), None, _) => {
-            let _ = ids;
-            return Err(AdmitError::UnknownPlugin(req.resource));
-        }
+        (Choice::Allocate(_), None, _) => return Err(AdmitError::UnknownPlugin(req.resource)),
         (Choice::Allocate(ids), Some(client), _) => (ids, client),
     };
-    let (ids, mut client) = ids;
     let request = api::AllocateRequest {
         container_requests: vec![api::ContainerAllocateRequest {
             devices_ids: ids.clone(),

@@ -401,6 +401,12 @@ async fn write_outcome(
                 .get(&admission.name)
                 .await
                 .map_err(api_err("reading the pod"))?;
+            let already_running = admission::phase(&pod) == "Running";
+            if already_running && admission.containers.is_empty() {
+                // Re-admitted after a restart with nothing on record: keep
+                // whatever the pod already says.
+                return Ok(());
+            }
             let allocations = serde_json::to_string(&admission.containers).unwrap_or_default();
             let meta = json!({"metadata": {"annotations": {ALLOCATIONS_ANNOTATION: allocations}}});
             pods.patch(
@@ -410,7 +416,7 @@ async fn write_outcome(
             )
             .await
             .map_err(api_err("annotating the pod"))?;
-            if admission::phase(&pod) != "Running" {
+            if !already_running {
                 let status = json!({"status": running_status(&pod, &now.to_string())});
                 pods.patch_status(
                     &admission.name,
