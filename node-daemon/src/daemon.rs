@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use crate::actors::gpu::GpuActor;
 use crate::actors::health::{HealthActor, Inventory};
-use crate::actors::kubelet::{Allocator, ContractSettings, KubeletActor};
+use crate::actors::kubelet::{Allocator, ContractSettings, KubeletActor, pod_names};
 use crate::allocation::rebuild_holdings;
 use crate::cluster::{Cluster, ClusterError};
 use crate::devices::simulated::SimulatedDevices;
@@ -20,6 +20,7 @@ use crate::devices::{DeviceError, DeviceSource, Gpu, Shaping};
 use crate::grpc::plugin::DevicePluginService;
 use crate::grpc::registration::{PluginError, PluginSocket, serve_and_register};
 use crate::ledger::{Capacity, SliceLedger};
+use crate::metrics::Sources;
 use crate::settings::{DeviceSourceKind, Settings};
 
 /// Why the daemon could not start or stopped with an error.
@@ -40,6 +41,15 @@ pub enum RunError {
     /// The async runtime could not start.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// The metrics address could not be bound.
+    #[error("cannot serve metrics on {address}: {source}")]
+    Metrics {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The plugin socket could not be served.
     #[error(transparent)]
     Plugin(#[from] PluginError),
@@ -195,6 +205,24 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     let gpu_actors = Arc::new(start_gpu_actors(&node, &gpus, &pods));
     let (inventory_tx, inventory) = watch::channel::<Inventory>(Arc::new(gpus));
     let _health = HealthActor::start_on(inventory_tx, devices.health_events()?);
+    let (names_tx, names) = watch::channel(pod_names(&pods));
+    let metrics = match settings.metrics_bind_address {
+        Some(address) => {
+            let sources = Sources {
+                node: node.clone(),
+                inventory: inventory.clone(),
+                gpus: Arc::clone(&gpu_actors),
+                names,
+            };
+            let server = crate::metrics::serve(address, sources)
+                .map_err(|source| RunError::Metrics { address, source })?;
+            info!(%address, "serving /metrics and /healthz");
+            let handle = server.handle();
+            actix::spawn(server);
+            Some(handle)
+        }
+        None => None,
+    };
     let allocator = Allocator {
         node: node.clone(),
         cluster: Arc::clone(&cluster),
@@ -203,6 +231,7 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
             hook_path: settings.hook_path.clone(),
             device_memory_scaling: settings.device_memory_scaling,
         },
+        names: Arc::new(names_tx),
     };
     let kubelet = Supervisor::start(move |_| KubeletActor::new(allocator));
 
@@ -234,6 +263,9 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     };
     let _ = stop_tx.send(true);
     let _ = registrar.await;
+    if let Some(metrics) = metrics {
+        metrics.stop(true).await;
+    }
     result.map_err(RunError::from)
 }
 

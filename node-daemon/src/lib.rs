@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod devices;
 pub mod grpc;
 pub mod ledger;
+pub mod metrics;
 pub mod registrar;
 pub mod settings;
 pub mod telemetry;

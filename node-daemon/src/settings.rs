@@ -76,6 +76,8 @@ pub struct Settings {
     pub resource_name: String,
     /// Host folder holding HAMi-core (`vgpu/libvgpu.so`, `vgpu/ld.so.preload`).
     pub hook_path: PathBuf,
+    /// Where `/metrics` and `/healthz` are served; unset disables them.
+    pub metrics_bind_address: Option<std::net::SocketAddr>,
 }
 
 impl Default for Settings {
@@ -96,6 +98,7 @@ impl Default for Settings {
             filter_devices: FilterDevices::default(),
             resource_name: "nvidia.com/gpu".to_owned(),
             hook_path: PathBuf::from("/usr/local"),
+            metrics_bind_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 9396))),
         }
     }
 }
@@ -213,6 +216,9 @@ pub struct Flags {
     /// Host folder holding HAMi-core [default: /usr/local].
     #[arg(long)]
     pub hook_path: Option<PathBuf>,
+    /// Address of /metrics and /healthz [default: 0.0.0.0:9396].
+    #[arg(long)]
+    pub metrics_bind_address: Option<std::net::SocketAddr>,
 }
 
 /// Why the daemon cannot start with the given configuration.

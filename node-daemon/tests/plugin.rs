@@ -100,6 +100,7 @@ fn settings(dir: &Path, split: u32) -> Settings {
         ],
         device_split_count: split,
         hook_path: dir.join("hook"),
+        metrics_bind_address: None,
         ..Settings::default()
     }
 }
@@ -109,7 +110,7 @@ impl Node {
     /// its registration.
     async fn start(split: u32, cluster: MemoryCluster, dir: Option<tempfile::TempDir>) -> Self {
         let api = Arc::new(cluster.clone());
-        Self::start_with(split, cluster, api, dir).await
+        Self::start_with(split, cluster, api, dir, None).await
     }
 
     /// Like [`Node::start`], with the daemon speaking to `api` (a wrapper of
@@ -119,10 +120,14 @@ impl Node {
         cluster: MemoryCluster,
         api: Arc<dyn Cluster>,
         dir: Option<tempfile::TempDir>,
+        metrics: Option<std::net::SocketAddr>,
     ) -> Self {
         let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
         let mut registrations = start_kubelet(dir.path());
-        let settings = settings(dir.path(), split);
+        let settings = Settings {
+            metrics_bind_address: metrics,
+            ..settings(dir.path(), split)
+        };
         let devices = SimulatedDevices::from_settings(&settings, NODE);
         let uuids = devices
             .discover()
@@ -206,6 +211,32 @@ fn bound_pod(name: &str, containers: &[&str], devices: &str) -> PodView {
             })
             .collect(),
     }
+}
+
+/// A local address that was free a moment ago.
+fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// The body of `GET path` (HTTP/1.0, no client library needed).
+async fn http_get(address: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_owned()
 }
 
 fn allocate_request(ids: &[String]) -> api::AllocateRequest {
@@ -330,7 +361,9 @@ async fn an_unhealthy_gpu_is_withdrawn_and_comes_back() {
 #[actix::test]
 async fn two_container_pod_is_allocated_container_by_container() {
     let cluster = MemoryCluster::new();
-    let node = Node::start(10, cluster.clone(), None).await;
+    let metrics = free_port();
+    let api = Arc::new(cluster.clone());
+    let node = Node::start_with(10, cluster.clone(), api, None, Some(metrics)).await;
     let (a, b) = (&node.uuids[0], &node.uuids[1]);
     let devices = format!("{a},NVIDIA,1000,10:;{b},NVIDIA,3000,30:;");
     cluster.put_pod(NODE, bound_pod("train", &["init", "app"], &devices));
@@ -383,6 +416,15 @@ async fn two_container_pod_is_allocated_container_by_container() {
         None,
         "lock released"
     );
+
+    assert_eq!(http_get(metrics, "/healthz").await, "ok");
+    let text = http_get(metrics, "/metrics").await;
+    for (index, uuid) in [("0", a), ("1", b)] {
+        let line = format!(
+            "hami_vgpu_memory_allocated_bytes{{namespace=\"ns\",node=\"{NODE}\",pod=\"train\",container_index=\"{index}\",device_uuid=\"{uuid}\"}}"
+        );
+        assert!(text.contains(&line), "{line} not in {text}");
+    }
     node.stop().await;
 }
 
@@ -666,7 +708,7 @@ async fn shutdown_finishes_the_allocate_in_flight_then_removes_the_socket() {
         entered: Arc::clone(&entered),
         open: Arc::clone(&open),
     });
-    let mut node = Node::start_with(2, cluster.clone(), api, None).await;
+    let mut node = Node::start_with(2, cluster.clone(), api, None, None).await;
     let a = node.uuids[0].clone();
     cluster.put_pod(
         NODE,

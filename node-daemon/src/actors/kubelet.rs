@@ -72,6 +72,8 @@ pub struct Allocator {
     pub gpus: Arc<BTreeMap<String, Addr<GpuActor>>>,
     /// Contract settings.
     pub contract: ContractSettings,
+    /// Where the names of the pods last listed are published (for metrics).
+    pub names: Arc<tokio::sync::watch::Sender<crate::metrics::PodNames>>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -91,6 +93,7 @@ impl Allocator {
             .pods_on_node(&self.node)
             .await
             .map_err(AllocateError::Cluster)?;
+        self.names.send_replace(pod_names(&pods));
         let live: Arc<BTreeSet<String>> = Arc::new(
             pods.iter()
                 .filter(|p| !p.is_terminal())
@@ -318,6 +321,16 @@ impl Allocator {
         }
         Ok(out)
     }
+}
+
+/// UID → (namespace, name) of `pods`.
+#[must_use]
+pub fn pod_names(pods: &[PodView]) -> crate::metrics::PodNames {
+    Arc::new(
+        pods.iter()
+            .map(|p| (p.uid.clone(), (p.namespace.clone(), p.name.clone())))
+            .collect(),
+    )
 }
 
 async fn create_shared_dir(dir: &std::path::Path) -> std::io::Result<()> {
