@@ -70,9 +70,9 @@ done
 
 step "render variants: external cert-manager issuer, no node-daemon, hard anti-affinity off"
 helm template gpuslice "$CHART" --namespace gs --kube-version "$KUBE_VERSION" \
-  --set scheduler.admissionWebhook.certManager.enabled=true \
-  --set scheduler.admissionWebhook.certManager.issuerRef.name=corp-ca \
-  --set scheduler.admissionWebhook.certManager.issuerRef.kind=ClusterIssuer \
+  --set scheduler.certManager.enabled=true \
+  --set scheduler.certManager.issuerRef.name=corp-ca \
+  --set scheduler.certManager.issuerRef.kind=ClusterIssuer \
   --set devicePlugin.enabled=false --set scheduler.podAntiAffinity=none \
   --set scheduler.podDisruptionBudget.enabled=false > "$OUT/variant.yaml"
 kubernetes-validate --strict -k "$KUBE_VERSION" --quiet - < "$OUT/variant.yaml" 2>&1 \
