@@ -93,10 +93,21 @@ for bad in scheduler.replicas=0 scheduler.defaultSchedulerPolicy.nodeSchedulerPo
 done
 
 step "binaries: flags and env vars the chart passes exist in --help, and the binaries accept them"
-if [ ! -x "$BIN_DIR/scheduler-webhook" ] || [ ! -x "$BIN_DIR/node-daemon" ]; then
-  echo "building scheduler-webhook and node-daemon (cargo build) into $BIN_DIR"
+stale=""
+for bin in scheduler-webhook node-daemon; do
+  if [ ! -x "$BIN_DIR/$bin" ]; then
+    stale="$stale $bin (absent)"
+  elif [ -n "$(find "$ROOT/$bin" "$ROOT/proto" \( -name '*.rs' -o -name Cargo.toml \) -newer "$BIN_DIR/$bin" -print -quit)" ]; then
+    stale="$stale $bin (older than its sources)"
+  fi
+done
+if [ -n "$stale" ] && [ -z "${GPUSLICE_BIN_DIR:-}" ]; then
+  echo "building:$stale (cargo build, debug)"
   (cd "$ROOT" && cargo build -q -p scheduler-webhook --bin scheduler-webhook -p node-daemon --bin node-daemon)
+elif [ -n "$stale" ]; then
+  echo "FAIL: GPUSLICE_BIN_DIR=$BIN_DIR has no usable binaries:$stale"; exit 1
 fi
+echo "binaries: $BIN_DIR/scheduler-webhook ($("$BIN_DIR/scheduler-webhook" --version)), $BIN_DIR/node-daemon ($("$BIN_DIR/node-daemon" --version))"
 for set in "${VALUE_SETS[@]}"; do
   echo "-- $set values"
   python3 "$HELM_DIR/check_chart.py" flags "$OUT/$set.yaml" "$BIN_DIR"
