@@ -5,3 +5,5 @@
 pub mod checker;
 pub mod fake_apiserver;
 pub mod fake_kubelet;
+pub mod fake_scheduler;
+pub mod harness;

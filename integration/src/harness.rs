@@ -1,0 +1,196 @@
+//! Typed waiting helpers for tests and the sandbox: wait until an object,
+//! or a list of objects, satisfies a condition, or fail after a deadline.
+//! Event-driven: each helper runs a kube-rs watcher and re-checks on every
+//! change; nothing sleeps for a fixed time.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+/// Errors of the waiting helpers.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// The condition did not hold before the deadline.
+    #[error("{what}: condition not met within {deadline:?}; last seen: {last}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// The deadline.
+        deadline: Duration,
+        /// A summary of the last state seen.
+        last: String,
+    },
+    /// The watch ended (the server went away).
+    #[error("{0}: the watch ended")]
+    WatchEnded(String),
+    /// A request failed.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+/// Waits until the list of objects selected by `params` (label and field
+/// selectors) satisfies `condition`; returns that list, sorted by
+/// namespace/name.
+pub async fn wait_for_list<K>(
+    api: Api<K>,
+    params: watcher::Config,
+    what: &str,
+    deadline: Duration,
+    condition: impl Fn(&[K]) -> bool,
+) -> Result<Vec<K>, HarnessError>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    let mut stream = watcher(api, params).default_backoff().boxed();
+    let mut objects: BTreeMap<(String, String), K> = BTreeMap::new();
+    let mut buffer: Option<BTreeMap<(String, String), K>> = None;
+    let mut synced = false;
+    let key = |o: &K| (o.namespace().unwrap_or_default(), o.name_any());
+    let waiting = async {
+        loop {
+            let Some(event) = stream.next().await else {
+                return Err(HarnessError::WatchEnded(what.to_string()));
+            };
+            let Ok(event) = event else { continue };
+            match event {
+                watcher::Event::Init => buffer = Some(BTreeMap::new()),
+                watcher::Event::InitApply(o) => {
+                    if let Some(b) = buffer.as_mut() {
+                        b.insert(key(&o), o);
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(b) = buffer.take() {
+                        objects = b;
+                    }
+                    synced = true;
+                }
+                watcher::Event::Apply(o) => {
+                    objects.insert(key(&o), o);
+                }
+                watcher::Event::Delete(o) => {
+                    objects.remove(&key(&o));
+                }
+            }
+            if synced {
+                let list: Vec<K> = objects.values().cloned().collect();
+                if condition(&list) {
+                    return Ok(list);
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(deadline, waiting).await {
+        Ok(result) => result,
+        Err(_) => Err(HarnessError::Timeout {
+            what: what.to_string(),
+            deadline,
+            last: format!("{} object(s): {:?}", objects.len(), objects.keys()),
+        }),
+    }
+}
+
+/// Waits until object `name` exists and satisfies `condition`.
+pub async fn wait_for_object<K>(
+    api: Api<K>,
+    name: &str,
+    deadline: Duration,
+    condition: impl Fn(&K) -> bool,
+) -> Result<K, HarnessError>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    let params = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let list = wait_for_list(api, params, name, deadline, |objects| {
+        objects.iter().any(|o| o.name_any() == name && condition(o))
+    })
+    .await?;
+    list.into_iter()
+        .find(|o| o.name_any() == name)
+        .ok_or_else(|| HarnessError::WatchEnded(name.to_string()))
+}
+
+/// Waits until pod `namespace/name` satisfies `condition`.
+pub async fn wait_for_pod(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    deadline: Duration,
+    condition: impl Fn(&Pod) -> bool,
+) -> Result<Pod, HarnessError> {
+    wait_for_object(
+        Api::namespaced(client.clone(), namespace),
+        name,
+        deadline,
+        condition,
+    )
+    .await
+}
+
+/// The node a pod is bound to, if any.
+pub fn bound_node(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+/// The pod's condition `type_` as `(status, reason, message)`.
+pub fn pod_condition(pod: &Pod, type_: &str) -> Option<(String, String, String)> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| {
+            (
+                c.status.clone(),
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+}
+
+/// Waits until the events about pod `name` in `namespace` satisfy
+/// `condition`; returns them oldest first (by resourceVersion order of
+/// arrival is not guaranteed, so by name).
+pub async fn wait_for_pod_events(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    deadline: Duration,
+    condition: impl Fn(&[Event]) -> bool,
+) -> Result<Vec<Event>, HarnessError> {
+    let params = watcher::Config::default().fields(&format!(
+        "involvedObject.kind=Pod,involvedObject.name={name}"
+    ));
+    wait_for_list(
+        Api::namespaced(client.clone(), namespace),
+        params,
+        &format!("events of pod {namespace}/{name}"),
+        deadline,
+        condition,
+    )
+    .await
+}
+
+/// Lists the events about pod `name` (no waiting).
+pub async fn pod_events(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<Event>, HarnessError> {
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().fields(&format!(
+        "involvedObject.kind=Pod,involvedObject.name={name}"
+    ));
+    Ok(api.list(&params).await?.items)
+}
