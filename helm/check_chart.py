@@ -7,6 +7,10 @@
       every flag and env var the rendered chart passes to scheduler-webhook / node-daemon
       appears in that binary's --help, and the binary accepts the whole command line and the
       rendered config file (--print-config, which parses and validates, then exits).
+  check_chart.py wiring MANIFEST
+      the pieces that must agree do: kube-scheduler's profile, Lease and extender vs the
+      scheduler-webhook flags and ports, managedResources vs the resource flags, the webhook's
+      Service and port, the Lease Role, the certificate's names, the node-daemon socket folder.
   check_chart.py crds MANIFEST
       the custom resources kubernetes-validate has no schema for (cert-manager, Prometheus
       Operator) have the fields their controllers require, and the webhook has a CA bundle or
@@ -18,6 +22,7 @@ Needs PyYAML (a dependency of kubernetes-validate). Exit 1 with one line per pro
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -284,6 +289,172 @@ def check_flags(manifest, bin_dir):
     print(f"  ok: {checked} flags and env vars found in --help")
 
 
+# ---------------------------------------------------------------- wiring
+def flag_values(args):
+    out = {}
+    for a in args:
+        if a.startswith("--") and "=" in a:
+            k, v = a[2:].split("=", 1)
+            out[k] = v
+    return out
+
+
+def check_wiring(manifest):
+    import base64
+
+    docs = load_docs(manifest)
+    problems = []
+    by = {}
+    for d in docs:
+        by.setdefault(d["kind"], []).append(d)
+
+    def one(kind, pred=lambda d: True):
+        found = [d for d in by.get(kind, []) if pred(d)]
+        if len(found) != 1:
+            problems.append(f"expected one {kind}, found {len(found)}")
+            return None
+        return found[0]
+
+    deploy = one("Deployment")
+    if deploy is None:
+        fail(problems)
+    spec = deploy["spec"]["template"]["spec"]
+    ctrs = {c["name"]: c for c in spec["containers"]}
+    sw, ks = ctrs.get("scheduler-webhook"), ctrs.get("kube-scheduler")
+    if not sw or not ks:
+        fail(problems + ["scheduler pod lacks scheduler-webhook or kube-scheduler"])
+    flags = flag_values(sw["command"])
+    name = flags.get("scheduler-name")
+    ns = deploy["metadata"]["namespace"]
+    listen_port = int(flags["listen"].rsplit(":", 1)[1])
+    metrics_port = int(flags["metrics-listen"].rsplit(":", 1)[1])
+
+    # kube-scheduler configuration.
+    cfg_path = next(a.split("=", 1)[1] for a in ks["command"] if a.startswith("--config="))
+    cfg_text = mounted_file(docs, deploy, ks, cfg_path)
+    if cfg_text is None:
+        fail(problems + [f"kube-scheduler {cfg_path} is not a mounted ConfigMap file"])
+    cfg = yaml.safe_load(cfg_text)
+    if cfg.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
+        problems.append("KubeSchedulerConfiguration is not kubescheduler.config.k8s.io/v1")
+    if [p["schedulerName"] for p in cfg["profiles"]] != [name]:
+        problems.append(f"kube-scheduler profiles {cfg['profiles']} != [{name}]")
+    le = cfg["leaderElection"]
+    if not le.get("leaderElect") or le.get("resourceName") != name:
+        problems.append(f"leader election {le} is not on the Lease {name}")
+    if le.get("resourceNamespace") != flags.get("lease-namespace") or le.get("resourceNamespace") != ns:
+        problems.append(
+            f"Lease namespace {le.get('resourceNamespace')} != --lease-namespace "
+            f"{flags.get('lease-namespace')} / release namespace {ns}"
+        )
+    (ext,) = cfg["extenders"]
+    want = {
+        "urlPrefix": f"https://127.0.0.1:{listen_port}",
+        "filterVerb": "filter",
+        "bindVerb": "bind",
+        "nodeCacheCapable": True,
+        "tlsConfig": {"insecure": True},
+    }
+    for k, v in want.items():
+        if ext.get(k) != v:
+            problems.append(f"extender {k} = {ext.get(k)!r}, want {v!r}")
+    managed = {m["name"] for m in ext["managedResources"] if m.get("ignoredByScheduler")}
+    resources = {v for k, v in flags.items() if k.startswith("resource-")}
+    if managed != resources or len(resources) != 5:
+        problems.append(f"managedResources {sorted(managed)} != resource flags {sorted(resources)}")
+
+    # Ports, probes, Service and webhook.
+    ports = {p["name"]: p["containerPort"] for p in sw.get("ports", [])}
+    if ports.get("https") != listen_port or ports.get("metrics") != metrics_port:
+        problems.append(f"container ports {ports} do not match --listen/--metrics-listen")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = sw.get(probe, {}).get("httpGet", {})
+        if get.get("path") != path or get.get("scheme") != "HTTPS":
+            problems.append(f"scheduler-webhook {probe} is not HTTPS {path}")
+    mwc = one("MutatingWebhookConfiguration")
+    if mwc:
+        (hook,) = mwc["webhooks"]
+        svc_ref = hook["clientConfig"]["service"]
+        if svc_ref.get("path") != "/webhook":
+            problems.append("webhook path is not /webhook")
+        svc = one("Service", lambda d: d["metadata"]["name"] == svc_ref["name"])
+        if svc:
+            port = next((p for p in svc["spec"]["ports"] if p["port"] == svc_ref.get("port", 443)), None)
+            if port is None or port.get("targetPort") not in ("https", listen_port):
+                problems.append(f"Service {svc_ref['name']} does not forward port {svc_ref.get('port')} to https")
+            sel = svc["spec"]["selector"]
+            labels = deploy["spec"]["template"]["metadata"]["labels"]
+            if any(labels.get(k) != v for k, v in sel.items()):
+                problems.append("webhook Service selector does not match the scheduler pods")
+        if svc_ref["namespace"] != ns:
+            problems.append("webhook Service namespace is not the release namespace")
+        excluded = [
+            e for e in hook["namespaceSelector"]["matchExpressions"]
+            if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"
+        ]
+        if not excluded or ns not in excluded[0]["values"]:
+            problems.append("the release namespace is not excluded from the webhook")
+        pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+        if pod_labels.get("hami.io/webhook") != "ignore":
+            problems.append("scheduler pods are not labelled hami.io/webhook=ignore")
+        if set(hook["admissionReviewVersions"]) != {"v1", "v1beta1"} or hook["sideEffects"] != "None":
+            problems.append("webhook admissionReviewVersions/sideEffects")
+        if hook["rules"] != [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "Namespaced"}]:
+            problems.append(f"webhook rules {hook['rules']}")
+        # The generated certificate must name the Service and be signed by the bundle's CA.
+        secret = next((d for d in by.get("Secret", []) if d.get("type") == "kubernetes.io/tls"), None)
+        if secret and hook["clientConfig"].get("caBundle") and not shutil.which("openssl"):
+            print("  note: openssl not found; the generated certificate is not verified")
+        elif secret and hook["clientConfig"].get("caBundle"):
+            if secret["data"]["ca.crt"] != hook["clientConfig"]["caBundle"]:
+                problems.append("caBundle differs from the Secret's ca.crt")
+            cert = base64.b64decode(secret["data"]["tls.crt"])
+            r = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"],
+                               input=cert, capture_output=True)
+            if r.returncode == 0:
+                dns = f"{svc_ref['name']}.{ns}.svc".encode()
+                if dns not in r.stdout:
+                    problems.append(f"serving certificate lacks DNS name {dns.decode()}")
+                with tempfile.TemporaryDirectory() as tmp:
+                    ca = os.path.join(tmp, "ca.crt")
+                    leaf = os.path.join(tmp, "tls.crt")
+                    with open(ca, "wb") as f:
+                        f.write(base64.b64decode(secret["data"]["ca.crt"]))
+                    with open(leaf, "wb") as f:
+                        f.write(cert)
+                    v = subprocess.run(["openssl", "verify", "-CAfile", ca, leaf], capture_output=True, text=True)
+                    if v.returncode != 0:
+                        problems.append(f"serving certificate does not verify against the CA: {v.stdout}{v.stderr}")
+                    else:
+                        print("  ok: generated serving certificate names the Service and verifies against caBundle")
+        elif not secret and "cert-manager.io/inject-ca-from" not in (mwc["metadata"].get("annotations") or {}):
+            problems.append("no TLS Secret and no cert-manager CA injection")
+
+    # RBAC of the Lease.
+    role = next((d for d in by.get("Role", []) if any(
+        "leases" in r.get("resources", []) for r in d["rules"])), None)
+    if role is None or not any(name in r.get("resourceNames", []) for r in role["rules"]):
+        problems.append(f"no Role grants the Lease {name}")
+
+    # node-daemon: socket folder mounted where the config says.
+    ds = next(iter(by.get("DaemonSet", [])), None)
+    if ds:
+        c = ds["spec"]["template"]["spec"]["containers"][0]
+        path = next(a.split("=", 1)[1] for a in c["command"] if a.startswith("--config="))
+        conf = yaml.safe_load(mounted_file(docs, ds, c, path) or "{}")
+        mounts = {m["mountPath"] for m in c["volumeMounts"]}
+        for key in ("devicePluginDir",):
+            if conf.get(key) not in mounts:
+                problems.append(f"node-daemon {key} {conf.get(key)} is not mounted")
+        if f"{conf.get('hookPath', '').rstrip('/')}/vgpu" not in mounts:
+            problems.append("node-daemon <hookPath>/vgpu is not mounted at the same path")
+        if conf.get("resourceName") not in resources:
+            problems.append("node-daemon resourceName differs from the scheduler's")
+    fail(problems)
+    print(f"  ok: scheduler profile/Lease/extender/webhook/Service/RBAC agree (scheduler {name}, port {listen_port})")
+
+
 # ---------------------------------------------------------------- CRDs
 def need(problems, obj, path):
     node = obj
@@ -346,6 +517,8 @@ def main():
         check_values(sys.argv[2])
     elif len(sys.argv) >= 4 and sys.argv[1] == "flags":
         check_flags(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "wiring":
+        check_wiring(sys.argv[2])
     elif len(sys.argv) >= 3 and sys.argv[1] == "crds":
         check_crds(sys.argv[2])
     else:

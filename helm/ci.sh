@@ -64,6 +64,9 @@ for set in "${VALUE_SETS[@]}"; do
   fi
   echo "passed: $(grep -c 'INFO - passed' "$OUT/$set.validate") objects valid against Kubernetes $KUBE_VERSION"
 
+  step "wiring ($set values): kube-scheduler config, webhook, Service, certificate and RBAC agree"
+  python3 "$HELM_DIR/check_chart.py" wiring "$OUT/$set.yaml"
+
   step "custom resources ($set values): required fields of cert-manager / ServiceMonitor objects"
   python3 "$HELM_DIR/check_chart.py" crds "$OUT/$set.yaml"
 done
@@ -91,6 +94,18 @@ for bad in scheduler.replicas=0 scheduler.defaultSchedulerPolicy.nodeSchedulerPo
   fi
   echo "refused --set $bad: $(grep -m1 -E "at '|Error" "$OUT/bad.err" | sed 's/^ *//')"
 done
+
+step "images: docker/Dockerfile has a target per binary the chart runs (no Docker engine here: not built)"
+for bin in scheduler-webhook node-daemon; do
+  grep -q -E "^FROM .* AS $bin\$" "$ROOT/docker/Dockerfile" \
+    && grep -q -E "^COPY --from=builder /out/$bin /usr/local/bin/$bin\$" "$ROOT/docker/Dockerfile" \
+    && grep -q -E -- "-p $bin --bin $bin" "$ROOT/docker/Dockerfile" \
+    || { echo "FAIL: docker/Dockerfile lacks the build, target or copy of $bin"; exit 1; }
+  grep -q -E "^ +- $bin\$" "$OUT/default.yaml" \
+    || { echo "FAIL: the chart does not run $bin as its command"; exit 1; }
+  echo "target $bin: builds, copies to /usr/local/bin/$bin; the chart runs command $bin"
+done
+grep -q '^target/' "$ROOT/.dockerignore" || { echo "FAIL: .dockerignore does not exclude target/"; exit 1; }
 
 step "binaries: flags and env vars the chart passes exist in --help, and the binaries accept them"
 stale=""
