@@ -908,4 +908,116 @@ mod against_apiserver {
         agent.shutdown().await;
         api.shutdown().await;
     }
+
+    fn running(p: &Pod) -> bool {
+        phase_reason(p).0.as_deref() == Some("Running")
+    }
+
+    fn bare(name: &str, created: u32, gpus: u32) -> Pod {
+        let mut p = pod(name, created, &[("main", gpus)], &[]);
+        p.metadata.uid = None;
+        p.metadata.creation_timestamp = None;
+        p
+    }
+
+    #[tokio::test]
+    async fn running_pods_survive_a_process_restart_and_a_cut_watch_without_new_allocate() {
+        let api = FakeApiServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let client = api.client().await.unwrap();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "ns"}})).unwrap();
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("device-plugins");
+        let config = || Config {
+            dir: dir.clone(),
+            record_dir: None,
+        };
+        let nodes: Api<KubeNode> = Api::all(client.clone());
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
+
+        let kubelet = FakeKubelet::start(config()).await.unwrap();
+        let agent = NodeAgent::start(&kubelet, client.clone(), NodeConfig::new("node-a"))
+            .await
+            .unwrap();
+        let plugin = start_plugin(dir.clone(), devices(3));
+        until(&nodes, "node-a", "capacity 3", |n| {
+            quantity(n, "allocatable").as_deref() == Some("3")
+        })
+        .await;
+        pods.create(&PostParams::default(), &bare("a", 1, 1))
+            .await
+            .unwrap();
+        let a = until(&pods, "a", "a Running", running).await;
+        let a_devices = a.metadata.annotations.clone().unwrap()[ALLOCATIONS_ANNOTATION].clone();
+
+        // A new kubelet process on the same folder: sockets wiped, the
+        // plugin registers again, the running pod keeps its devices.
+        agent.shutdown().await;
+        kubelet.shutdown().await;
+        let kubelet = FakeKubelet::start(config()).await.unwrap();
+        let agent = NodeAgent::start(&kubelet, client.clone(), NodeConfig::new("node-a"))
+            .await
+            .unwrap();
+        kubelet
+            .wait_devices(DEADLINE, "re-registration", |v| count(v).allocatable == 3)
+            .await
+            .unwrap();
+        until(&nodes, "node-a", "capacity 3 again", |n| {
+            quantity(n, "allocatable").as_deref() == Some("3")
+        })
+        .await;
+        assert_eq!(plugin.log.wipes.load(Ordering::SeqCst), 1);
+
+        // Cut every watch: the pod watcher relists; nothing is admitted twice.
+        api.cut_watches();
+        pods.create(&PostParams::default(), &bare("b", 2, 1))
+            .await
+            .unwrap();
+        let b = until(&pods, "b", "b Running", running).await;
+        pods.create(&PostParams::default(), &bare("c", 3, 2))
+            .await
+            .unwrap();
+        let c = until(&pods, "c", "c Failed", |p| {
+            phase_reason(p).0.as_deref() == Some("Failed")
+        })
+        .await;
+        assert!(
+            c.status
+                .unwrap()
+                .message
+                .unwrap()
+                .contains("Requested: 2, Available: 1")
+        );
+
+        let a_now = pods.get("a").await.unwrap();
+        assert!(running(&a_now));
+        assert_eq!(
+            a_now.metadata.annotations.unwrap()[ALLOCATIONS_ANNOTATION],
+            a_devices
+        );
+        let calls = plugin.log.allocations.lock().unwrap().clone();
+        assert_eq!(
+            calls.len(),
+            2,
+            "one Allocate for a before the restart, one for b after: {calls:?}"
+        );
+        let b_devices = b.metadata.annotations.unwrap()[ALLOCATIONS_ANNOTATION].clone();
+        assert_ne!(b_devices, a_devices);
+        let held = kubelet.devices().allocations;
+        assert_eq!(
+            held.len(),
+            2,
+            "a (from the checkpoint) and b hold devices: {held:?}"
+        );
+
+        agent.shutdown().await;
+        kubelet.shutdown().await;
+        api.shutdown().await;
+    }
 }

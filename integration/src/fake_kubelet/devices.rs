@@ -292,7 +292,9 @@ impl DeviceTable {
                 required: req.required,
             });
         }
-        if req.already_running && held.is_none() {
+        // Kubelet restarted and the container is still running: it already
+        // has its devices (recorded or not), so there is nothing to check.
+        if req.already_running {
             return Ok(None);
         }
         let Some(devices) = self.resources.get(&req.resource) else {
@@ -604,6 +606,23 @@ mod tests {
             restored.choose(&req("p", "c0", 1), &[]),
             Ok(Choice::Nothing)
         );
+    }
+
+    #[test]
+    fn running_container_needs_no_healthy_devices_after_restart() {
+        let mut t = table(&[("a", true)]);
+        t.choose(&req("p", "c0", 1), &[]).unwrap();
+        t.commit("p", "c0", "example.com/gpu", AllocateReply::default());
+        t.forget_devices();
+        let mut r = req("p", "c0", 1);
+        r.already_running = true;
+        assert_eq!(t.choose(&r, &[]), Ok(Choice::Nothing));
+        assert!(t.held("p", "c0", "example.com/gpu").is_some());
+        r.already_running = false;
+        assert!(matches!(
+            t.choose(&r, &[]),
+            Err(DeviceError::NoHealthyDevices(_))
+        ));
     }
 
     #[test]
