@@ -11,6 +11,10 @@
       the pieces that must agree do: kube-scheduler's profile, Lease and extender vs the
       scheduler-webhook flags and ports, managedResources vs the resource flags, the webhook's
       Service and port, the Lease Role, the certificate's names, the node-daemon socket folder.
+  check_chart.py hamicore MANIFEST
+      runs the DaemonSet's HAMi-core install command against a fake image folder and a fake
+      host folder: it installs the files, a second run changes nothing, and a changed file
+      replaces the old one by rename (a new inode), never by rewriting it in place.
   check_chart.py crds MANIFEST
       the custom resources kubernetes-validate has no schema for (cert-manager, Prometheus
       Operator) have the fields their controllers require, and the webhook has a CA bundle or
@@ -455,6 +459,56 @@ def check_wiring(manifest):
     print(f"  ok: scheduler profile/Lease/extender/webhook/Service/RBAC agree (scheduler {name}, port {listen_port})")
 
 
+# ---------------------------------------------------------------- HAMi-core install
+def check_hamicore(manifest):
+    docs = load_docs(manifest)
+    problems = []
+    ds = next((d for d in docs if d.get("kind") == "DaemonSet"), None)
+    init = (ds or {}).get("spec", {}).get("template", {}).get("spec", {}).get("initContainers", [])
+    c = next((i for i in init if i["name"] == "install-hami-core"), None)
+    if c is None:
+        fail(["no install-hami-core init container"])
+    if {m["mountPath"] for m in c["volumeMounts"]} != {"/usr/local/vgpu"}:
+        problems.append("install-hami-core must mount the host folder at /usr/local/vgpu only")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "k8s-vgpu/lib/nvidia"), os.path.join(tmp, "usr/local/vgpu")
+        os.makedirs(src)
+        os.makedirs(dst)
+        for name, text in (("libvgpu.so", "v1"), ("ld.so.preload", "/usr/local/vgpu/libvgpu.so\n")):
+            with open(os.path.join(src, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        cmd = [a.replace("/k8s-vgpu/", tmp + "/k8s-vgpu/").replace("/usr/local/vgpu", dst) for a in c["command"]]
+
+        def run():
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                problems.append(f"install command failed: {r.stderr.strip() or r.stdout.strip()}")
+            return r.stdout
+
+        run()
+        lib = os.path.join(dst, "libvgpu.so")
+        if not os.path.isfile(lib) or not os.path.isfile(os.path.join(dst, "ld.so.preload")):
+            problems.append("install command did not install libvgpu.so and ld.so.preload")
+            fail(problems)
+        first = os.stat(lib)
+        run()
+        if os.stat(lib).st_ino != first.st_ino or os.stat(lib).st_mtime_ns != first.st_mtime_ns:
+            problems.append("a second run rewrote an unchanged libvgpu.so")
+        with open(os.path.join(src, "libvgpu.so"), "w", encoding="utf-8") as f:
+            f.write("v2")
+        run()
+        with open(lib, encoding="utf-8") as f:
+            if f.read() != "v2":
+                problems.append("a changed libvgpu.so was not installed")
+        if os.stat(lib).st_ino == first.st_ino:
+            problems.append("a changed libvgpu.so was rewritten in place (same inode): running containers would see a torn file")
+        leftovers = [n for n in os.listdir(dst) if n.endswith(".tmp")]
+        if leftovers:
+            problems.append(f"temporary files left behind: {leftovers}")
+    fail(problems)
+    print("  ok: HAMi-core install: installs both files, idempotent, replaces a changed file by rename")
+
+
 # ---------------------------------------------------------------- CRDs
 def need(problems, obj, path):
     node = obj
@@ -519,6 +573,8 @@ def main():
         check_flags(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 3 and sys.argv[1] == "wiring":
         check_wiring(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "hamicore":
+        check_hamicore(sys.argv[2])
     elif len(sys.argv) >= 3 and sys.argv[1] == "crds":
         check_crds(sys.argv[2])
     else:

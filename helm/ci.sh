@@ -71,6 +71,9 @@ for set in "${VALUE_SETS[@]}"; do
   python3 "$HELM_DIR/check_chart.py" crds "$OUT/$set.yaml"
 done
 
+step "HAMi-core install command (default values): installs, idempotent, atomic replace"
+python3 "$HELM_DIR/check_chart.py" hamicore "$OUT/default.yaml"
+
 step "render variants: external cert-manager issuer, no node-daemon, hard anti-affinity off"
 helm template gpuslice "$CHART" --namespace gs --kube-version "$KUBE_VERSION" \
   --set scheduler.certManager.enabled=true \
