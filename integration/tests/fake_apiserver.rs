@@ -935,3 +935,32 @@ async fn a_streaming_list_watcher_syncs_from_initial_events() {
     task.abort();
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn dry_run_writes_are_answered_but_not_stored() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let answered = pods.create(&dry, &pod("ghost")).await.unwrap();
+    assert_eq!(answered.metadata.name.as_deref(), Some("ghost"));
+    assert_eq!(api_error(pods.get("ghost").await).0, 404);
+    pods.create(&PostParams::default(), &pod("real"))
+        .await
+        .unwrap();
+    let patch = json!({"metadata": {"labels": {"a": "b"}}});
+    let dry_patch = PatchParams::default().dry_run();
+    let patched = pods
+        .patch("real", &dry_patch, &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert!(patched.metadata.labels.is_some());
+    assert!(pods.get("real").await.unwrap().metadata.labels.is_none());
+    let dry_delete = DeleteParams::default().dry_run();
+    pods.delete("real", &dry_delete).await.unwrap();
+    pods.get("real").await.unwrap();
+    assert_eq!(server.stats().watches_started, 0);
+    server.shutdown().await;
+}

@@ -214,6 +214,21 @@ fn flag(query: &HashMap<String, String>, name: &str) -> bool {
     matches!(query.get(name).map(String::as_str), Some("true" | "1"))
 }
 
+/// Runs a write on the store, or on a discarded copy for `?dryRun=All`.
+fn write<R>(
+    shared: &Shared,
+    query: &HashMap<String, String>,
+    op: impl FnOnce(&mut Store) -> R,
+) -> Result<R, ApiError> {
+    match query.get("dryRun").map(String::as_str) {
+        None | Some("") => shared.with_store(op),
+        Some("All") => shared.with_store(|s| op(&mut s.dry_run_copy())),
+        Some(other) => Err(ApiError::BadRequest(format!(
+            "Invalid dry run value: {other}: supported values: \"All\""
+        ))),
+    }
+}
+
 /// How the client wants objects rendered.
 fn wants_table(req: &HttpRequest) -> bool {
     req.headers()
@@ -325,7 +340,9 @@ async fn serve(
             }
             require_json(req)?;
             let object = parse_body(body)?;
-            let created = shared.with_store(|s| s.create(def, namespace.as_deref(), object))??;
+            let created = write(shared, query, |s| {
+                s.create(def, namespace.as_deref(), object)
+            })??;
             Ok(json_response(StatusCode::CREATED, &created))
         }
         (
@@ -360,7 +377,7 @@ async fn serve(
             require_json(req)?;
             let binding = parse_body(body)?;
             let ns = namespace.unwrap_or_default();
-            let status = shared.with_store(|s| s.bind(&ns, &name, &binding))??;
+            let status = write(shared, query, |s| s.bind(&ns, &name, &binding))??;
             Ok(json_response(StatusCode::CREATED, &status))
         }
         (
@@ -377,9 +394,11 @@ async fn serve(
             } else {
                 Part::Main
             };
+            require_json(req)?;
             let object = parse_body(body)?;
-            let updated = shared
-                .with_store(|s| s.update(def, namespace.as_deref(), &name, object, part))??;
+            let updated = write(shared, query, |s| {
+                s.update(def, namespace.as_deref(), &name, object, part)
+            })??;
             Ok(ok(&updated))
         }
         (
@@ -402,8 +421,9 @@ async fn serve(
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
             let format = PatchFormat::from_content_type(content_type)?;
-            let patched = shared
-                .with_store(|s| s.patch(def, namespace.as_deref(), &name, format, body, part))??;
+            let patched = write(shared, query, |s| {
+                s.patch(def, namespace.as_deref(), &name, format, body, part)
+            })??;
             Ok(ok(&patched))
         }
         (
@@ -420,7 +440,16 @@ async fn serve(
             } else {
                 parse_body(body)?
             };
-            match shared.with_store(|s| s.delete(def, namespace.as_deref(), &name, &options))?? {
+            // DeleteOptions may carry dryRun in the body instead of the query.
+            let mut query = query.clone();
+            if let Some(modes) = options["dryRun"].as_array()
+                && let Some(mode) = modes.first().and_then(Value::as_str)
+            {
+                query.insert("dryRun".to_string(), mode.to_string());
+            }
+            match write(shared, &query, |s| {
+                s.delete(def, namespace.as_deref(), &name, &options)
+            })?? {
                 Deleted::Object(object) => Ok(ok(&object)),
                 Deleted::Status(status) => Ok(ok(&status)),
             }

@@ -99,14 +99,14 @@ impl Default for Options {
     }
 }
 
-/// A running fake apiserver. Dropping it without [`FakeApiServer::shutdown`]
-/// leaves the server running until the runtime ends.
+/// A running fake apiserver. Prefer [`FakeApiServer::shutdown`]; dropping
+/// it stops the server without waiting.
 #[derive(Debug)]
 pub struct FakeApiServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     handle: actix_web::dev::ServerHandle,
-    task: JoinHandle<std::io::Result<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
 }
 
 impl FakeApiServer {
@@ -143,7 +143,7 @@ impl FakeApiServer {
             addr,
             shared,
             handle,
-            task,
+            task: Some(task),
         })
     }
 
@@ -237,10 +237,25 @@ impl FakeApiServer {
     }
 
     /// Cuts open watches and stops the server.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.shared.control.cut_watches();
         self.handle.stop(true).await;
-        let _ = self.task.await;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for FakeApiServer {
+    /// A server dropped without [`FakeApiServer::shutdown`] still stops:
+    /// watches are cut and the stop command is sent (not awaited).
+    fn drop(&mut self) {
+        if self.task.is_some() {
+            self.shared.control.cut_watches();
+            // The command is sent when `stop` is called; the returned
+            // future only waits for completion.
+            drop(self.handle.stop(false));
+        }
     }
 }
 

@@ -355,6 +355,20 @@ impl Store {
         store
     }
 
+    /// A detached copy of the objects for a `dryRun` request: writes to it
+    /// are validated and answered like real ones but reach no watcher and
+    /// are discarded.
+    pub fn dry_run_copy(&self) -> Self {
+        Self {
+            objects: self.objects.clone(),
+            resource_version: self.resource_version,
+            history: VecDeque::new(),
+            history_limit: self.history_limit,
+            oldest_watchable: self.oldest_watchable,
+            changes: broadcast::channel(1).0,
+        }
+    }
+
     /// The latest committed resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.resource_version
@@ -1280,6 +1294,25 @@ mod tests {
         );
         assert_eq!(event.as_seen_by(def("nodes"), None, &bound), None);
         assert_eq!(event.as_seen_by(def("pods"), Some("other"), &bound), None);
+    }
+
+    #[test]
+    fn a_dry_run_copy_changes_nothing_and_notifies_nobody() {
+        let store = Store::new(100);
+        let mut feed = store
+            .watch(
+                def("nodes"),
+                None,
+                WatchStart::After(store.resource_version()),
+            )
+            .unwrap();
+        let mut copy = store.dry_run_copy();
+        let created = copy
+            .create(def("nodes"), None, json!({"metadata": {"name": "n"}}))
+            .unwrap();
+        assert_eq!(created["metadata"]["name"], "n");
+        assert_eq!(store.get(def("nodes"), None, "n").unwrap_err().code(), 404);
+        assert!(feed.live.try_recv().is_err());
     }
 
     #[test]
