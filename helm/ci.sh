@@ -50,6 +50,13 @@ for set in "${VALUE_SETS[@]}"; do
     $(values_args "$set") > "$OUT/$set.yaml"
   echo "rendered $(grep -c '^kind:' "$OUT/$set.yaml") objects: $(grep '^kind:' "$OUT/$set.yaml" | sort | uniq -c | awk '{printf "%s×%s ", $1, $3}')"
 
+  step "NOTES.txt ($set values): helm install --dry-run=client renders the post-install notes"
+  # shellcheck disable=SC2046
+  helm install gpuslice "$CHART" --namespace gpuslice-system --dry-run=client $(values_args "$set") \
+    | sed -n '/^NOTES:/,$p' > "$OUT/$set.notes"
+  grep -q 'helm test gpuslice' "$OUT/$set.notes" || { echo "FAIL: NOTES.txt did not render"; exit 1; }
+  echo "rendered $(wc -l < "$OUT/$set.notes") lines of notes"
+
   step "schema ($set values): kubernetes-validate --strict -k $KUBE_VERSION"
   kubernetes-validate --strict -k "$KUBE_VERSION" - < "$OUT/$set.yaml" 2>&1 | tee "$OUT/$set.validate" \
     | grep -v '^INFO - passed' || true
