@@ -3,7 +3,8 @@
 # every flag/env the chart passes exists in the binaries. Exits non-zero on the first failure.
 #
 # Needs python3 with pip and a Rust toolchain (only when target/debug has no binaries);
-# installs helm (helm/install-helm.sh, into target/ci-tools) and kubernetes-validate (pip).
+# installs helm (helm/install-helm.sh) and kubernetes-validate (pip --target), both into
+# target/ci-tools, so a second run installs nothing.
 # Usage: helm/ci.sh            (from anywhere; about 20 s when the binaries are built)
 set -euo pipefail
 HELM_DIR="$(cd "$(dirname "$0")" && pwd)"
@@ -22,11 +23,14 @@ if [ ! -x "$TOOLS/bin/helm" ]; then
 fi
 export PATH="$TOOLS/bin:$PATH"
 helm version --short
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-  python3 -m pip install -q kubernetes-validate || python3 -m pip install -q --user kubernetes-validate
-  export PATH="$HOME/.local/bin:$PATH"
+# kubernetes-validate (bundles the Kubernetes schemas) and PyYAML go into $TOOLS/py with
+# pip --target: no virtualenv needed, nothing installed system-wide, cached between runs.
+if ! PYTHONPATH="$TOOLS/py" python3 -c 'import kubernetes_validate, yaml' 2>/dev/null; then
+  python3 -m pip install -q --disable-pip-version-check --target "$TOOLS/py" "kubernetes-validate==1.37.0"
 fi
-kubernetes-validate --version
+export PYTHONPATH="$TOOLS/py${PYTHONPATH:+:$PYTHONPATH}"
+kubernetes-validate() { python3 -m kubernetes_validate "$@"; }
+echo "kubernetes-validate $(kubernetes-validate --version)"
 
 VALUE_SETS=(default all-features)
 values_args() {  # the -f arguments of one value set
