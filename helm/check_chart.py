@@ -303,6 +303,51 @@ def flag_values(args):
     return out
 
 
+# kube-scheduler decodes its configuration strictly: an unknown key stops it at start.
+# Field names of kubescheduler.config.k8s.io/v1 (KubeSchedulerConfiguration, Extender).
+SCHEDULER_KEYS = {
+    "": {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
+         "enableProfiling", "enableContentionProfiling", "percentageOfNodesToScore",
+         "podInitialBackoffSeconds", "podMaxBackoffSeconds", "profiles", "extenders",
+         "delayCacheUntilActive"},
+    "leaderElection": {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod",
+                       "resourceLock", "resourceName", "resourceNamespace"},
+    "profiles[]": {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"},
+    "extenders[]": {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight",
+                    "bindVerb", "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable",
+                    "managedResources", "ignorable"},
+    "extenders[].tlsConfig": {"insecure", "serverName", "certFile", "keyFile", "caFile",
+                              "certData", "keyData", "caData"},
+    "extenders[].managedResources[]": {"name", "ignoredByScheduler"},
+}
+DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+
+
+def unknown_scheduler_keys(cfg):
+    problems = []
+
+    def check(obj, where):
+        extra = set(obj) - SCHEDULER_KEYS[where]
+        if extra:
+            problems.append(f"KubeSchedulerConfiguration {where or 'top level'}: unknown keys {sorted(extra)}")
+
+    check(cfg, "")
+    check(cfg.get("leaderElection", {}), "leaderElection")
+    for k in ("leaseDuration", "renewDeadline", "retryPeriod"):
+        if not DURATION.match(str(cfg.get("leaderElection", {}).get(k, "1s"))):
+            problems.append(f"leaderElection.{k} is not a duration")
+    for p in cfg.get("profiles", []):
+        check(p, "profiles[]")
+    for e in cfg.get("extenders", []):
+        check(e, "extenders[]")
+        check(e.get("tlsConfig", {}), "extenders[].tlsConfig")
+        for m in e.get("managedResources", []):
+            check(m, "extenders[].managedResources[]")
+        if not DURATION.match(str(e.get("httpTimeout", "1s"))):
+            problems.append("extender httpTimeout is not a duration")
+    return problems
+
+
 def check_wiring(manifest):
     import base64
 
@@ -339,6 +384,7 @@ def check_wiring(manifest):
     if cfg_text is None:
         fail(problems + [f"kube-scheduler {cfg_path} is not a mounted ConfigMap file"])
     cfg = yaml.safe_load(cfg_text)
+    problems += unknown_scheduler_keys(cfg)
     if cfg.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
         problems.append("KubeSchedulerConfiguration is not kubescheduler.config.k8s.io/v1")
     if [p["schedulerName"] for p in cfg["profiles"]] != [name]:
