@@ -160,8 +160,7 @@ pub fn pod_condition(pod: &Pod, type_: &str) -> Option<(String, String, String)>
 }
 
 /// Waits until the events about pod `name` in `namespace` satisfy
-/// `condition`; returns them oldest first (by resourceVersion order of
-/// arrival is not guaranteed, so by name).
+/// `condition`; returns them sorted by event name.
 pub async fn wait_for_pod_events(
     client: &Client,
     namespace: &str,

@@ -76,20 +76,42 @@ async fn filter(state: web::Data<ExtenderState>, body: web::Bytes) -> HttpRespon
         .unwrap()
         .requests
         .push(("/filter".into(), args.clone()));
-    let names: Vec<String> = args["NodeNames"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    // NodeNames with nodeCacheCapable, whole Nodes otherwise.
+    let whole_nodes = !args["Nodes"].is_null();
+    let names: Vec<String> = if whole_nodes {
+        args["Nodes"]["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|n| n["metadata"]["name"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        args["NodeNames"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     let accept = |wanted: Option<String>| {
         let pick = wanted
             .filter(|w| names.contains(w))
             .or_else(|| names.last().cloned());
-        json!({"Nodes": null, "NodeNames": pick.into_iter().collect::<Vec<_>>(),
-               "FailedNodes": {}, "FailedAndUnresolvableNodes": null, "Error": ""})
+        if whole_nodes {
+            let items: Vec<Value> = pick
+                .into_iter()
+                .map(|n| json!({"metadata": {"name": n}}))
+                .collect();
+            json!({"Nodes": {"metadata": {}, "items": items}, "NodeNames": null,
+                   "FailedNodes": {}, "FailedAndUnresolvableNodes": null, "Error": ""})
+        } else {
+            json!({"Nodes": null, "NodeNames": pick.into_iter().collect::<Vec<_>>(),
+                   "FailedNodes": {}, "FailedAndUnresolvableNodes": null, "Error": ""})
+        }
     };
     match state.next() {
         Script::Accept(wanted) => HttpResponse::Ok().json(accept(wanted)),
@@ -362,6 +384,91 @@ async fn extender_gets_pascal_case_node_names_of_fitting_nodes_only_and_binds() 
     })
     .await
     .unwrap();
+    scheduler.shutdown().await;
+    ext.stop().await;
+    c.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn extender_without_node_cache_gets_whole_nodes() {
+    let c = cluster(&[
+        node("n-a", "4", "8Gi", json!({})),
+        node("n-b", "4", "8Gi", json!({})),
+        node("n-small", "100m", "8Gi", json!({})),
+    ])
+    .await;
+    let ext =
+        TestExtender::start(c.client.clone(), Script::Accept(Some("n-a".into())), false).await;
+    let mut extender = hami(&ext.url);
+    extender.node_cache_capable = false;
+    let scheduler = FakeScheduler::start(c.client.clone(), config(Some(extender)))
+        .await
+        .unwrap();
+    c.create(&gpu_pod("whole", "1")).await;
+    assert_eq!(bound_node(&c.bound("whole").await), Some("n-a"));
+    let args = &ext.requests("/filter")[0];
+    assert_eq!(args["NodeNames"], Value::Null);
+    let sent: Vec<&str> = args["Nodes"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(sent, vec!["n-a", "n-b"]);
+    assert_eq!(
+        args["Nodes"]["items"][0]["status"]["allocatable"]["cpu"],
+        "4"
+    );
+    scheduler.shutdown().await;
+    ext.stop().await;
+    c.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn ignorable_extender_failure_is_skipped() {
+    let c = cluster(&[node("n-1", "4", "8Gi", json!({}))]).await;
+    let ext = TestExtender::start(c.client.clone(), Script::Error("down".into()), false).await;
+    let mut extender = hami(&ext.url);
+    extender.ignorable = true;
+    let scheduler = FakeScheduler::start(c.client.clone(), config(Some(extender)))
+        .await
+        .unwrap();
+    c.create(&gpu_pod("ignored", "1")).await;
+    assert_eq!(bound_node(&c.bound("ignored").await), Some("n-1"));
+    let stats = scheduler
+        .wait_for(DEADLINE, |s| s.scheduled == 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (stats.filter_errors, stats.errors, stats.bind_calls),
+        (1, 0, 1)
+    );
+    scheduler.shutdown().await;
+    ext.stop().await;
+    c.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn pods_are_attempted_in_arrival_order() {
+    let c = cluster(&[node("n-1", "8", "8Gi", json!({}))]).await;
+    let ext = TestExtender::start(c.client.clone(), Script::Accept(None), false).await;
+    let scheduler = FakeScheduler::start(c.client.clone(), config(Some(hami(&ext.url))))
+        .await
+        .unwrap();
+    scheduler.wait_for(DEADLINE, |s| s.synced).await.unwrap();
+    let names = ["fifo-c", "fifo-a", "fifo-d", "fifo-b"];
+    for name in names {
+        c.create(&gpu_pod(name, "1")).await;
+    }
+    for name in names {
+        c.bound(name).await;
+    }
+    let order: Vec<String> = ext
+        .requests("/filter")
+        .iter()
+        .map(|a| a["Pod"]["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(order, names);
     scheduler.shutdown().await;
     ext.stop().await;
     c.server.shutdown().await;

@@ -56,6 +56,8 @@ pub enum Error {
 pub struct Stats {
     /// Holding the Lease (always true without leader election).
     pub leader: bool,
+    /// The node and pod caches finished their first list.
+    pub synced: bool,
     /// Lease acquire/renew attempts (successful or not).
     pub lease_attempts: u64,
     /// Successful Lease acquisitions and renewals.

@@ -222,6 +222,15 @@ impl Scheduler {
         info!(scheduler = %self.config.scheduler_name, "fake scheduler stopped");
     }
 
+    fn publish_synced(&self) {
+        let synced = self.nodes_synced && self.pods_synced;
+        self.stats.send_if_modified(|s| {
+            let changed = s.synced != synced;
+            s.synced = synced;
+            changed
+        });
+    }
+
     fn on_node_event(&mut self, event: watcher::Event<Node>) {
         let name = |n: &Node| n.metadata.name.clone().unwrap_or_default();
         match event {
@@ -236,6 +245,7 @@ impl Scheduler {
                     self.nodes = buffer;
                 }
                 self.nodes_synced = true;
+                self.publish_synced();
                 self.queue.move_all_unschedulable(Instant::now());
             }
             watcher::Event::Apply(node) => {
@@ -265,6 +275,7 @@ impl Scheduler {
                     self.pods = buffer;
                 }
                 self.pods_synced = true;
+                self.publish_synced();
                 let pending: Vec<(String, String)> = self
                     .pods
                     .values()
