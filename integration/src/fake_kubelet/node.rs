@@ -428,15 +428,7 @@ async fn write_outcome(
             }
         }
         Outcome::Failed { reason, message } => {
-            let status =
-                json!({"status": {"phase": "Failed", "reason": reason, "message": message}});
-            pods.patch_status(
-                &admission.name,
-                &PatchParams::default(),
-                &Patch::Merge(&status),
-            )
-            .await
-            .map_err(api_err("writing the pod status"))?;
+            // The event first, then the status, as kubelet's rejectPod does.
             let event_message = message
                 .strip_prefix("Pod was rejected: ")
                 .unwrap_or(message);
@@ -473,6 +465,15 @@ async fn write_outcome(
             if let Err(error) = events.create(&PostParams::default(), &event).await {
                 debug!(%error, "recording the rejection event failed");
             }
+            let status =
+                json!({"status": {"phase": "Failed", "reason": reason, "message": message}});
+            pods.patch_status(
+                &admission.name,
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .map_err(api_err("writing the pod status"))?;
         }
     }
     Ok(())
