@@ -964,3 +964,71 @@ async fn dry_run_writes_are_answered_but_not_stored() {
     assert_eq!(server.stats().watches_started, 0);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn graceful_pod_deletion_waits_for_a_grace_zero_delete_when_enabled() {
+    let options = Options {
+        graceful_pod_deletion: true,
+        ..Options::default()
+    };
+    let server = FakeApiServer::start_with(loopback(), options)
+        .await
+        .unwrap();
+    let client = server.client().await.unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(&PostParams::default(), &node("n1"))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    pods.create(&PostParams::default(), &pod("p"))
+        .await
+        .unwrap();
+    let binding = json!({"target": {"kind": "Node", "name": "n1"}});
+    pods.create_subresource::<_, Value>("binding", "p", &PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let rv = pods
+        .get("p")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let stream = pods
+        .watch(&WatchParams::default().disable_bookmarks(), &rv)
+        .await
+        .unwrap();
+    let mut stream = pin!(stream);
+
+    let first = pods.delete("p", &DeleteParams::default()).await.unwrap();
+    let marked = first
+        .left()
+        .expect("a graceful delete answers with the pod");
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(30));
+
+    let event = tokio::time::timeout(DEADLINE, stream.try_next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(event, Some(WatchEvent::Modified(_))), "{event:?}");
+    pods.get("p").await.unwrap();
+
+    pods.delete(
+        "p",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let event = tokio::time::timeout(DEADLINE, stream.try_next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(event, Some(WatchEvent::Deleted(_))), "{event:?}");
+    assert_eq!(api_error(pods.get("p").await).0, 404);
+    server.shutdown().await;
+}

@@ -30,6 +30,10 @@ struct Args {
     /// Change events kept for watch replay; older resourceVersions get 410.
     #[arg(long, default_value_t = 1000)]
     history_limit: usize,
+    /// Delete pods bound to an existing node gracefully: set
+    /// deletionTimestamp and wait for the kubelet's grace-0 delete.
+    #[arg(long)]
+    graceful_pod_deletion: bool,
 }
 
 async fn shutdown_signal() {
@@ -66,6 +70,7 @@ async fn main() -> ExitCode {
         .init();
     let options = Options {
         history_limit: args.history_limit,
+        graceful_pod_deletion: args.graceful_pod_deletion,
         bookmark_interval: Duration::from_secs(args.bookmark_interval_secs.max(1)),
         ..Options::default()
     };

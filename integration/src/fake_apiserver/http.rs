@@ -435,11 +435,20 @@ async fn serve(
                 sub: None,
             },
         ) => {
-            let options = if body.is_empty() {
+            let mut options = if body.is_empty() {
                 json!({})
             } else {
                 parse_body(body)?
             };
+            // `?gracePeriodSeconds=` stands for the DeleteOptions field.
+            if options.get("gracePeriodSeconds").is_none()
+                && let Some(grace) = query
+                    .get("gracePeriodSeconds")
+                    .and_then(|g| g.parse::<i64>().ok())
+                && let Some(map) = options.as_object_mut()
+            {
+                map.insert("gracePeriodSeconds".to_string(), json!(grace));
+            }
             // DeleteOptions may carry dryRun in the body instead of the query.
             let mut query = query.clone();
             if let Some(modes) = options["dryRun"].as_array()

@@ -87,6 +87,9 @@ pub struct Options {
     pub bookmark_interval: Duration,
     /// actix worker threads.
     pub workers: usize,
+    /// Delete bound pods gracefully (`deletionTimestamp` first, removed by
+    /// the kubelet's grace-0 delete), see [`Store::set_graceful_pod_deletion`].
+    pub graceful_pod_deletion: bool,
 }
 
 impl Default for Options {
@@ -95,6 +98,7 @@ impl Default for Options {
             history_limit: 1000,
             bookmark_interval: Duration::from_secs(5),
             workers: 2,
+            graceful_pod_deletion: false,
         }
     }
 }
@@ -118,8 +122,10 @@ impl FakeApiServer {
 
     /// Starts a server with `options`.
     pub async fn start_with(listen: SocketAddr, options: Options) -> Result<Self, Error> {
+        let mut store = Store::new(options.history_limit);
+        store.set_graceful_pod_deletion(options.graceful_pod_deletion);
         let shared = Arc::new(Shared {
-            store: Mutex::new(Store::new(options.history_limit)),
+            store: Mutex::new(store),
             control: control::Control::new(),
             bookmark_interval: options.bookmark_interval,
         });

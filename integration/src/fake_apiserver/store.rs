@@ -163,6 +163,8 @@ pub struct Store {
     /// Watches from a resourceVersion below this are answered 410.
     oldest_watchable: u64,
     changes: broadcast::Sender<Arc<StoredEvent>>,
+    /// Bound pods are deleted gracefully (see [`Store::delete`]).
+    graceful_pod_deletion: bool,
 }
 
 fn random_u64() -> u64 {
@@ -344,6 +346,7 @@ impl Store {
             history_limit: history_limit.max(1),
             oldest_watchable: 0,
             changes,
+            graceful_pod_deletion: false,
         };
         if let Some(namespaces) = ResourceDef::find("", "v1", "namespaces") {
             for ns in INITIAL_NAMESPACES {
@@ -366,7 +369,20 @@ impl Store {
             history_limit: self.history_limit,
             oldest_watchable: self.oldest_watchable,
             changes: broadcast::channel(1).0,
+            graceful_pod_deletion: self.graceful_pod_deletion,
         }
+    }
+
+    /// Switches graceful pod deletion on or off (off by default).
+    ///
+    /// On, a delete of a pod that is bound to an existing node, not
+    /// finished, and asked with a grace period other than 0 only sets
+    /// `deletionTimestamp` (now + grace) and `deletionGracePeriodSeconds`,
+    /// as the real pod registry does; the kubelet (fake-kubelet) then
+    /// confirms with a grace-0 delete. A pod on a node that does not exist
+    /// is removed at once, as the pod garbage collector would.
+    pub fn set_graceful_pod_deletion(&mut self, on: bool) {
+        self.graceful_pod_deletion = on;
     }
 
     /// The latest committed resourceVersion.
@@ -738,8 +754,9 @@ impl Store {
         self.update(def, namespace, name, patched, part)
     }
 
-    /// Delete: immediate. Preconditions (`DeleteOptions.preconditions`
-    /// uid/resourceVersion) are checked.
+    /// Delete: immediate, except for bound pods when graceful pod deletion
+    /// is on (see [`Store::set_graceful_pod_deletion`]). Preconditions
+    /// (`DeleteOptions.preconditions` uid/resourceVersion) are checked.
     pub fn delete(
         &mut self,
         def: &ResourceDef,
@@ -777,6 +794,29 @@ impl Store {
                 ),
             ));
         }
+        if def.plural == "pods"
+            && let Some(grace) = self.pod_grace_period(&current, options)
+        {
+            if current["metadata"]["deletionTimestamp"].is_string() {
+                return Ok(Deleted::Object(current));
+            }
+            let deadline = k8s_openapi::jiff::Timestamp::now()
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(grace))
+                .map_or_else(
+                    |_| now_timestamp(),
+                    |t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                );
+            let mut next = current.clone();
+            let rv = self.next_resource_version();
+            if let Some(meta) = metadata_mut(&mut next) {
+                meta.insert("deletionTimestamp".to_string(), json!(deadline));
+                meta.insert("deletionGracePeriodSeconds".to_string(), json!(grace));
+                meta.insert("resourceVersion".to_string(), json!(rv.to_string()));
+            }
+            self.objects.insert(key.clone(), next.clone());
+            self.commit(EventType::Modified, key, next.clone(), Some(current));
+            return Ok(Deleted::Object(next));
+        }
         if def.plural == "namespaces" {
             let contained: Vec<ObjectKey> = self
                 .objects
@@ -800,6 +840,30 @@ impl Store {
                 "details": {"name": name, "group": def.group, "kind": def.plural, "uid": uid},
             })))
         }
+    }
+
+    /// The grace period a pod delete waits for, or None for an immediate
+    /// delete (graceful deletion off, grace 0, unbound, finished, or its
+    /// node gone).
+    fn pod_grace_period(&self, pod: &Value, options: &Value) -> Option<i64> {
+        if !self.graceful_pod_deletion {
+            return None;
+        }
+        let node = str_at(pod, &["spec", "nodeName"]);
+        let phase = str_at(pod, &["status", "phase"]);
+        if node.is_empty() || phase == "Succeeded" || phase == "Failed" {
+            return None;
+        }
+        let node_exists = ResourceDef::find("", "v1", "nodes")
+            .is_some_and(|nodes| self.objects.contains_key(&Self::key(nodes, None, node)));
+        if !node_exists {
+            return None;
+        }
+        let grace = options["gracePeriodSeconds"]
+            .as_i64()
+            .or_else(|| pod["spec"]["terminationGracePeriodSeconds"].as_i64())
+            .unwrap_or(30);
+        (grace > 0).then_some(grace)
     }
 
     fn remove(&mut self, key: ObjectKey) -> Option<Value> {
@@ -1313,6 +1377,70 @@ mod tests {
         assert_eq!(created["metadata"]["name"], "n");
         assert_eq!(store.get(def("nodes"), None, "n").unwrap_err().code(), 404);
         assert!(feed.live.try_recv().is_err());
+    }
+
+    #[test]
+    fn graceful_deletion_marks_bound_pods_until_a_grace_zero_delete() {
+        let mut store = Store::new(100);
+        store.set_graceful_pod_deletion(true);
+        store
+            .create(def("nodes"), None, json!({"metadata": {"name": "n1"}}))
+            .unwrap();
+        for name in ["bound", "orphan", "pending"] {
+            store
+                .create(def("pods"), Some("default"), pod(name))
+                .unwrap();
+        }
+        store
+            .bind("default", "bound", &json!({"target": {"name": "n1"}}))
+            .unwrap();
+        store
+            .bind("default", "orphan", &json!({"target": {"name": "gone"}}))
+            .unwrap();
+
+        let Deleted::Object(marked) = store
+            .delete(def("pods"), Some("default"), "bound", &json!({}))
+            .unwrap()
+        else {
+            panic!("pods return the object");
+        };
+        assert!(marked["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 30);
+        store.get(def("pods"), Some("default"), "bound").unwrap();
+        // Repeating the delete changes nothing; grace 0 removes it.
+        let rv = store.resource_version();
+        store
+            .delete(def("pods"), Some("default"), "bound", &json!({}))
+            .unwrap();
+        assert_eq!(store.resource_version(), rv);
+        store
+            .delete(
+                def("pods"),
+                Some("default"),
+                "bound",
+                &json!({"gracePeriodSeconds": 0}),
+            )
+            .unwrap();
+        assert_eq!(
+            store
+                .get(def("pods"), Some("default"), "bound")
+                .unwrap_err()
+                .code(),
+            404
+        );
+        // Unbound pods and pods on missing nodes go at once.
+        for name in ["orphan", "pending"] {
+            store
+                .delete(def("pods"), Some("default"), name, &json!({}))
+                .unwrap();
+            assert_eq!(
+                store
+                    .get(def("pods"), Some("default"), name)
+                    .unwrap_err()
+                    .code(),
+                404
+            );
+        }
     }
 
     #[test]
