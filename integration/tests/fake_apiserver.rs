@@ -1032,3 +1032,18 @@ async fn graceful_pod_deletion_waits_for_a_grace_zero_delete_when_enabled() {
     assert_eq!(api_error(pods.get("p").await).0, 404);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn bodies_up_to_three_mebibytes_are_accepted() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let mut big = pod("big");
+    big.metadata.annotations = Some([("blob".into(), "x".repeat(1024 * 1024))].into());
+    let created = pods.create(&PostParams::default(), &big).await.unwrap();
+    assert_eq!(annotations(&created)["blob"].len(), 1024 * 1024);
+    let mut huge = pod("huge");
+    huge.metadata.annotations = Some([("blob".into(), "x".repeat(4 * 1024 * 1024))].into());
+    let (code, reason, _) = api_error(pods.create(&PostParams::default(), &huge).await);
+    assert_eq!((code, reason.as_str()), (413, "RequestEntityTooLarge"));
+    server.shutdown().await;
+}

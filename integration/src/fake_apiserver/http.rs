@@ -252,10 +252,26 @@ fn list_item(mut object: Value) -> Value {
     object
 }
 
+/// The real server's request body limit (3 MiB).
+const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Reads the whole body, refusing more than [`MAX_BODY_BYTES`] with 413.
+async fn read_body(mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("reading the body: {e}")))?;
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(ApiError::RequestEntityTooLarge(MAX_BODY_BYTES));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// Entry point for every request outside `/fake/`.
 pub async fn dispatch(
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
     shared: web::Data<Shared>,
 ) -> HttpResponse {
     let path = req.path().to_string();
@@ -274,8 +290,11 @@ pub async fn dispatch(
             debug!(%method, %path, code, "injected failure");
             error_response(&ApiError::Injected { code, message })
         }
-        None => match serve(&req, &query, is_watch, &body, &shared).await {
-            Ok(response) => response,
+        None => match read_body(payload).await {
+            Ok(body) => match serve(&req, &query, is_watch, &body, &shared).await {
+                Ok(response) => response,
+                Err(error) => error_response(&error),
+            },
             Err(error) => error_response(&error),
         },
     };

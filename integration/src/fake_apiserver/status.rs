@@ -79,6 +79,9 @@ pub enum ApiError {
         /// The oldest resourceVersion still served.
         oldest: u64,
     },
+    /// 413: the body exceeds the server's limit (bytes).
+    #[error("Request entity too large: limit is {0}")]
+    RequestEntityTooLarge(usize),
     /// 415: unknown patch or body content type.
     #[error("the body of the request was in an unknown format - accepted media types include: {0}")]
     UnsupportedMediaType(String),
@@ -103,6 +106,7 @@ fn reason_for_code(code: u16) -> &'static str {
         405 => "MethodNotAllowed",
         409 => "Conflict",
         410 => "Expired",
+        413 => "RequestEntityTooLarge",
         415 => "UnsupportedMediaType",
         422 => "Invalid",
         429 => "TooManyRequests",
@@ -177,6 +181,7 @@ impl ApiError {
             Self::BadRequest(_) => 400,
             Self::MethodNotAllowed => 405,
             Self::Expired { .. } => 410,
+            Self::RequestEntityTooLarge(_) => 413,
             Self::UnsupportedMediaType(_) => 415,
             Self::Injected { code, .. } => *code,
         }
@@ -192,6 +197,7 @@ impl ApiError {
             Self::BadRequest(_) => "BadRequest",
             Self::MethodNotAllowed => "MethodNotAllowed",
             Self::Expired { .. } => "Expired",
+            Self::RequestEntityTooLarge(_) => "RequestEntityTooLarge",
             Self::UnsupportedMediaType(_) => "UnsupportedMediaType",
             Self::Injected { code, .. } => reason_for_code(*code),
         }
