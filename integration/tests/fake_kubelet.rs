@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,6 +46,8 @@ struct Log {
     failures_left: AtomicUsize,
     /// Times the plugin noticed its socket was wiped.
     wipes: AtomicUsize,
+    /// `Allocate` lingers this long (ms) so that overlapping calls would show.
+    allocate_delay_ms: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -120,7 +122,10 @@ impl DevicePlugin for TestPlugin {
         for _ in 0..20 {
             tokio::task::yield_now().await;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let delay = self.log.allocate_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         let request = request.into_inner();
         let result = if self.log.failures_left.load(Ordering::SeqCst) > 0 {
             self.log.failures_left.fetch_sub(1, Ordering::SeqCst);
@@ -224,7 +229,10 @@ async fn until_path(path: &Path, condition: impl Fn(bool) -> bool) {
 
 fn start_plugin(dir: PathBuf, initial: Vec<api::Device>) -> PluginHandle {
     let (devices, rx) = watch::channel(initial);
-    let log = Arc::new(Log::default());
+    let log = Arc::new(Log {
+        allocate_delay_ms: AtomicU64::new(5),
+        ..Log::default()
+    });
     let plugin = TestPlugin {
         devices: rx,
         log: log.clone(),
@@ -440,6 +448,46 @@ async fn allocate_calls_are_serial_and_in_creation_order() {
         .flat_map(|a| a.containers.iter().map(|c| c.device_ids.clone()))
         .collect();
     assert_eq!(recorded, calls);
+}
+
+#[tokio::test]
+async fn a_large_shuffled_batch_is_admitted_serially_in_creation_order() {
+    const PODS: u32 = 100;
+    let node = node().await;
+    let plugin = start_plugin(node.dir.clone(), devices(PODS as usize));
+    plugin.log.allocate_delay_ms.store(0, Ordering::SeqCst);
+    registered_with(&node, u64::from(PODS)).await;
+
+    // A fixed permutation of creation times (7 is coprime with 300).
+    let batch: Vec<Pod> = (0..PODS)
+        .map(|i| (i * 7) % PODS)
+        .map(|t| pod(&format!("p{t:03}"), t, &[("main", 1)], &[]))
+        .collect();
+    let started = std::time::Instant::now();
+    let admitted = node.kubelet.admit_batch(batch).await.unwrap();
+    let elapsed = started.elapsed();
+    eprintln!(
+        "admitted {PODS} pods in {elapsed:?} ({:?} per pod, plugin answering at once)",
+        elapsed / PODS
+    );
+
+    let names: Vec<String> = admitted.iter().map(|a| a.name.clone()).collect();
+    let expected: Vec<String> = (0..PODS).map(|t| format!("p{t:03}")).collect();
+    assert_eq!(names, expected);
+    assert!(admitted.iter().all(PodAdmission::is_running));
+    assert_eq!(plugin.log.max_in_flight.load(Ordering::SeqCst), 1);
+    let calls = plugin.log.allocations.lock().unwrap().clone();
+    let recorded: Vec<Vec<String>> = admitted.iter().map(ids).collect();
+    assert_eq!(
+        calls, recorded,
+        "plugin saw Allocate calls in admission order"
+    );
+    node.kubelet
+        .wait_devices(DEADLINE, "all allocatable used", |v| {
+            v.allocations.len() == PODS as usize
+        })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -138,6 +138,8 @@ pub struct DeviceTable {
     pods: PodDevices,
     /// Devices reserved for the `Allocate` call in flight.
     pending: Option<Pending>,
+    /// Bumped on every change to devices or committed allocations.
+    revision: u64,
 }
 
 // === impl DeviceTable ===
@@ -154,7 +156,14 @@ impl DeviceTable {
                 .collect(),
             pods,
             pending: None,
+            revision: 0,
         }
+    }
+
+    /// Changes whenever devices or committed allocations change (not for
+    /// reservations), so observers can skip recomputing their views.
+    pub fn revision(&self) -> u64 {
+        self.revision
     }
 
     /// Replaces the whole device list of `resource` (one `ListAndWatch`
@@ -166,6 +175,7 @@ impl DeviceTable {
     ) {
         self.resources
             .insert(resource.to_owned(), devices.into_iter().collect());
+        self.revision += 1;
     }
 
     /// Marks every device of `resource` unhealthy: the plugin's stream ended
@@ -173,6 +183,7 @@ impl DeviceTable {
     pub fn mark_unhealthy(&mut self, resource: &str) {
         if let Some(devices) = self.resources.get_mut(resource) {
             devices.values_mut().for_each(|healthy| *healthy = false);
+            self.revision += 1;
         }
     }
 
@@ -181,6 +192,7 @@ impl DeviceTable {
     pub fn forget_devices(&mut self) {
         self.resources.values_mut().for_each(BTreeMap::clear);
         self.pending = None;
+        self.revision += 1;
     }
 
     /// Node status figures for every registered resource.
@@ -418,6 +430,7 @@ impl DeviceTable {
             .entry(p.container)
             .or_default()
             .insert(p.resource, held);
+        self.revision += 1;
         true
     }
 
@@ -433,7 +446,11 @@ impl DeviceTable {
 
     /// Frees every device `pod_uid` holds. Returns whether it held any.
     pub fn remove_pod(&mut self, pod_uid: &str) -> bool {
-        self.pods.remove(pod_uid).is_some()
+        let removed = self.pods.remove(pod_uid).is_some();
+        if removed {
+            self.revision += 1;
+        }
+        removed
     }
 
     /// Frees the devices of every pod not in `active` (kubelet's
@@ -446,7 +463,7 @@ impl DeviceTable {
             .cloned()
             .collect();
         for uid in &gone {
-            self.pods.remove(uid);
+            self.remove_pod(uid);
         }
         gone
     }

@@ -76,6 +76,8 @@ pub(crate) struct State {
     pub(crate) endpoints: BTreeMap<String, Endpoint>,
     pub(crate) registrations: u64,
     next_generation: u64,
+    /// Bumped when endpoints change (the table keeps its own revision).
+    endpoint_changes: u64,
 }
 
 // === impl State ===
@@ -87,6 +89,7 @@ impl State {
             endpoints: BTreeMap::new(),
             registrations: 0,
             next_generation: 0,
+            endpoint_changes: 0,
         }
     }
 
@@ -101,6 +104,7 @@ impl State {
         // Dropping the old endpoint stops its stream.
         self.endpoints.insert(resource.to_owned(), endpoint);
         self.registrations += 1;
+        self.endpoint_changes += 1;
     }
 
     /// A `ListAndWatch` message from connection `generation`.
@@ -132,6 +136,7 @@ impl State {
             .is_some_and(|e| e.generation == generation)
         {
             self.endpoints.remove(resource);
+            self.endpoint_changes += 1;
             self.table.mark_unhealthy(resource);
         }
     }
@@ -139,6 +144,7 @@ impl State {
     /// Kubelet restarted: every connection is gone and devices are forgotten.
     pub(crate) fn restart(&mut self) {
         self.endpoints.clear();
+        self.endpoint_changes += 1;
         self.table.forget_devices();
     }
 
@@ -214,20 +220,30 @@ pub(crate) fn spawn_state(
     let (snapshots, snapshot_rx) = watch::channel(state.snapshot());
     let task = tokio::spawn(async move {
         let mut written = checkpoint::Checkpoint::of(&state.table);
+        let mut seen = (state.table.revision(), state.endpoint_changes);
         while let Some(job) = rx.recv().await {
             job(&mut state);
+            let now = (state.table.revision(), state.endpoint_changes);
+            if now == seen {
+                continue;
+            }
+            let table_changed = now.0 != seen.0;
+            seen = now;
             let snapshot = state.snapshot();
             snapshots.send_if_modified(|current| {
                 let changed = *current != snapshot;
                 *current = snapshot;
                 changed
             });
-            let now = checkpoint::Checkpoint::of(&state.table);
-            if now != written {
-                if let Err(error) = now.write(&checkpoint_path) {
+            if !table_changed {
+                continue;
+            }
+            let checkpoint = checkpoint::Checkpoint::of(&state.table);
+            if checkpoint != written {
+                if let Err(error) = checkpoint.write(&checkpoint_path) {
                     warn!(%error, path = %checkpoint_path.display(), "writing the device checkpoint failed");
                 }
-                written = now;
+                written = checkpoint;
             }
         }
     });
