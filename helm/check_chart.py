@@ -15,6 +15,13 @@
       runs the DaemonSet's HAMi-core install command against a fake image folder and a fake
       host folder: it installs the files, a second run changes nothing, and a changed file
       replaces the old one by rename (a new inode), never by rewriting it in place.
+  check_chart.py smoke MANIFEST BIN_DIR
+      runs scheduler-webhook with the chart's own command line and generated certificate
+      against integration's fake-apiserver (listen ports moved to free loopback ports) and
+      checks, as kube-apiserver and kubelet would: TLS verifies with the chart's caBundle for
+      the Service's DNS name, /healthz and /readyz answer 200, a GPU pod's AdmissionReview is
+      routed to the chart's scheduler name, /metrics answers. Runs node-daemon with the
+      chart's config file (simulated GPUs) and checks its /healthz and /metrics.
   check_chart.py crds MANIFEST
       the custom resources kubernetes-validate has no schema for (cert-manager, Prometheus
       Operator) have the fields their controllers require, and the webhook has a CA bundle or
@@ -555,6 +562,222 @@ def check_hamicore(manifest):
     print("  ok: HAMi-core install: installs both files, idempotent, replaces a changed file by rename")
 
 
+# ---------------------------------------------------------------- smoke
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def https_get(port, dns, cafile, path, body=None):
+    import http.client
+    import socket
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=cafile)
+
+    class Conn(http.client.HTTPSConnection):
+        def connect(self):
+            raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+            self.sock = ctx.wrap_socket(raw, server_hostname=dns)
+
+    conn = Conn(dns, port, timeout=5)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    try:
+        conn.request("POST" if body is not None else "GET", path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def http_get(port, path):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def wait_for(what, probe, proc, deadline_s=30.0):
+    """Polls `probe` until it returns True, the process exits, or the deadline passes."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            return f"{what}: process exited with {proc.returncode}"
+        try:
+            if probe():
+                return None
+        except OSError as e:  # connection refused while starting
+            last = e
+        time.sleep(0.1)
+    return f"{what}: not true within {deadline_s:.0f} s (last error: {last})"
+
+
+def check_smoke(manifest, bin_dir):
+    import base64
+    import time
+
+    docs = load_docs(manifest)
+    problems, procs = [], []
+    tmp = tempfile.mkdtemp()
+    logs = {}
+
+    def start(name, cmd, env=None):
+        log = open(os.path.join(tmp, name + ".log"), "w", encoding="utf-8")
+        logs[name] = log.name
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        procs.append(p)
+        return p
+
+    try:
+        api_port = free_port()
+        kubeconfig = os.path.join(tmp, "kubeconfig")
+        api = start("fake-apiserver", [os.path.join(bin_dir, "fake-apiserver"),
+                                       f"--listen=127.0.0.1:{api_port}", f"--kubeconfig-out={kubeconfig}"])
+        err = wait_for("fake-apiserver kubeconfig", lambda: os.path.exists(kubeconfig), api)
+        if err:
+            fail([err])
+
+        deploy = next(d for d in docs if d.get("kind") == "Deployment")
+        ns = deploy["metadata"]["namespace"]
+        sw = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "scheduler-webhook")
+        secret = next(d for d in docs if d.get("kind") == "Secret" and d.get("type") == "kubernetes.io/tls")
+        mwc = next(d for d in docs if d.get("kind") == "MutatingWebhookConfiguration")
+        hook = mwc["webhooks"][0]
+        svc = hook["clientConfig"]["service"]
+        dns = f"{svc['name']}.{svc['namespace']}.svc"
+        files = {}
+        for key in ("tls.crt", "tls.key"):
+            files[key] = os.path.join(tmp, key)
+            with open(files[key], "wb") as f:
+                f.write(base64.b64decode(secret["data"][key]))
+        cafile = os.path.join(tmp, "ca-bundle.crt")
+        with open(cafile, "wb") as f:
+            f.write(base64.b64decode(hook["clientConfig"]["caBundle"]))
+
+        port, mport = free_port(), free_port()
+        args = []
+        for a in sw["command"][2:]:
+            flag = a.split("=", 1)[0]
+            a = {
+                "--listen": f"--listen=127.0.0.1:{port}",
+                "--metrics-listen": f"--metrics-listen=127.0.0.1:{mport}",
+                "--tls-cert": f"--tls-cert={files['tls.crt']}",
+                "--tls-key": f"--tls-key={files['tls.key']}",
+            }.get(flag, a)
+            args.append(a)
+        env = dict(os.environ, HOSTNAME="smoke-scheduler-0")
+        sched = start("scheduler-webhook", [os.path.join(bin_dir, "scheduler-webhook"), "serve", *args,
+                                            f"--kubeconfig={kubeconfig}"], env)
+        t0 = time.monotonic()
+        err = wait_for("scheduler-webhook /healthz over TLS verified with the chart's caBundle for " + dns,
+                       lambda: https_get(port, dns, cafile, "/healthz")[0] == 200, sched)
+        if err:
+            problems.append(err)
+        else:
+            print(f"  ok: /healthz 200 over TLS, certificate verified for {dns} with the chart's caBundle")
+            err = wait_for("/readyz", lambda: https_get(port, dns, cafile, "/readyz")[0] == 200, sched)
+            if err:
+                problems.append(err)
+            else:
+                print(f"  ok: /readyz 200 after {time.monotonic() - t0:.1f} s (nodes and pods listed)")
+            flags = flag_values(sw["command"])
+            review = {
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {
+                    "uid": "smoke-1", "operation": "CREATE", "namespace": "default",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slice"},
+                               "spec": {"containers": [{"name": "app", "image": "cuda",
+                                        "resources": {"limits": {flags["resource-mem"]: "1000"}}}]}},
+                },
+            }
+            status, body = https_get(port, dns, cafile, hook["clientConfig"]["service"]["path"],
+                                     json.dumps(review).encode())
+            answer = json.loads(body or b"{}").get("response", {})
+            patch = json.loads(base64.b64decode(answer.get("patch", "")) or b"[]")
+            routed = any(op.get("path") == "/spec/schedulerName" and op.get("value") == flags["scheduler-name"]
+                         for op in patch)
+            if status != 200 or not answer.get("allowed") or answer.get("uid") != "smoke-1" or not routed:
+                problems.append(f"/webhook did not route a gpumem pod to {flags['scheduler-name']}: {status} {body[:300]!r}")
+            else:
+                print(f"  ok: /webhook (path from the MutatingWebhookConfiguration) routes a pod asking for "
+                      f"{flags['resource-mem']} to {flags['scheduler-name']} ({len(patch)} patch operations)")
+            status, body = http_get(mport, "/metrics")
+            if status != 200:
+                problems.append(f"scheduler-webhook /metrics answered {status}")
+            else:
+                print(f"  ok: scheduler-webhook /metrics 200 ({len(body)} bytes)")
+
+        # node-daemon with the chart's config file; simulated GPUs when the chart's config says nvml.
+        ds = next((d for d in docs if d.get("kind") == "DaemonSet"), None)
+        if ds:
+            c = ds["spec"]["template"]["spec"]["containers"][0]
+            cfg_path = next(a.split("=", 1)[1] for a in c["command"] if a.startswith("--config="))
+            conf = yaml.safe_load(mounted_file(docs, ds, c, cfg_path))
+            dport = free_port()
+            conf.update({
+                "devicePluginDir": os.path.join(tmp, "device-plugins"),
+                "hookPath": os.path.join(tmp, "hook"),
+                "metricsBindAddress": f"127.0.0.1:{dport}",
+            })
+            if conf.get("deviceSource") != "simulated":
+                conf.update({"deviceSource": "simulated", "simulatedGpus": 2})
+            os.makedirs(conf["devicePluginDir"])
+            local = os.path.join(tmp, "node-daemon.yaml")
+            with open(local, "w", encoding="utf-8") as f:
+                yaml.safe_dump(conf, f)
+            args = [a if not a.startswith("--config=") else f"--config={local}" for a in c["command"][1:]]
+            nd = start("node-daemon", [os.path.join(bin_dir, "node-daemon"), *args, f"--kubeconfig={kubeconfig}"],
+                       dict(os.environ, NODE_NAME="smoke-node"))
+            err = wait_for("node-daemon /healthz", lambda: http_get(dport, "/healthz")[0] == 200, nd)
+            if err:
+                problems.append(err)
+            else:
+                status, body = http_get(dport, "/metrics")
+                gpus = body.decode().count("gpuslice_gpu_healthy{")
+                if status != 200 or gpus == 0:
+                    problems.append(f"node-daemon /metrics: {status}, {gpus} GPUs")
+                else:
+                    print(f"  ok: node-daemon with the chart's config: /healthz 200, /metrics lists {gpus} GPUs")
+    finally:
+        # Stop in reverse order, each before the next: the API server goes last, so the
+        # daemons' shutdown never waits on a vanished API server.
+        # Graceful exit on SIGTERM matters (kubelet sends it on every rollout and kills after
+        # terminationGracePeriodSeconds); a binary that hangs is reported, then killed.
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                print(f"  WARN: {os.path.basename(p.args[0])} did not exit within 5 s of SIGTERM; killed "
+                      "(in a cluster every rollout of it would wait for terminationGracePeriodSeconds)")
+        if problems:
+            for name, path in logs.items():
+                with open(path, encoding="utf-8") as f:
+                    tail = f.read().splitlines()[-15:]
+                print(f"  --- last lines of {name}:")
+                for line in tail:
+                    print(f"      {line}")
+        import shutil as _sh
+
+        _sh.rmtree(tmp, ignore_errors=True)
+    fail(problems)
+
+
 # ---------------------------------------------------------------- CRDs
 def need(problems, obj, path):
     node = obj
@@ -621,6 +844,8 @@ def main():
         check_wiring(sys.argv[2])
     elif len(sys.argv) >= 3 and sys.argv[1] == "hamicore":
         check_hamicore(sys.argv[2])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "smoke":
+        check_smoke(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 3 and sys.argv[1] == "crds":
         check_crds(sys.argv[2])
     else:

@@ -2,10 +2,11 @@
 # Chart CI for gpuslice: lint, render, validate against Kubernetes 1.33 schemas, and check that
 # every flag/env the chart passes exists in the binaries. Exits non-zero on the first failure.
 #
-# Needs python3 with pip and a Rust toolchain (only when target/debug has no binaries);
+# Needs python3 with pip, openssl, and a Rust toolchain (only when target/debug lacks
+# up-to-date scheduler-webhook, node-daemon or fake-apiserver binaries);
 # installs helm (helm/install-helm.sh) and kubernetes-validate (pip --target), both into
 # target/ci-tools, so a second run installs nothing.
-# Usage: helm/ci.sh            (from anywhere; about 20 s when the binaries are built)
+# Usage: helm/ci.sh            (from anywhere; about 30 s when the binaries are built)
 set -euo pipefail
 HELM_DIR="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(dirname "$HELM_DIR")"
@@ -142,5 +143,13 @@ for set in "${VALUE_SETS[@]}"; do
   echo "-- $set values"
   python3 "$HELM_DIR/check_chart.py" flags "$OUT/$set.yaml" "$BIN_DIR"
 done
+
+step "smoke (default values): the chart's command lines and certificate, run against integration's fake-apiserver"
+if [ ! -x "$BIN_DIR/fake-apiserver" ] || [ -n "$(find "$ROOT/integration/src" -name '*.rs' -newer "$BIN_DIR/fake-apiserver" -print -quit)" ]; then
+  if [ -n "${GPUSLICE_BIN_DIR:-}" ]; then echo "FAIL: $BIN_DIR/fake-apiserver is absent or stale"; exit 1; fi
+  echo "building fake-apiserver (cargo build -p integration --bin fake-apiserver)"
+  (cd "$ROOT" && cargo build -q -p integration --bin fake-apiserver)
+fi
+python3 "$HELM_DIR/check_chart.py" smoke "$OUT/default.yaml" "$BIN_DIR"
 
 step "all chart checks passed"
