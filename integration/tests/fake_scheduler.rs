@@ -938,3 +938,81 @@ fn binary_help_and_bad_config() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("urlPrefix"));
 }
+
+#[tokio::test]
+async fn two_instances_one_leader_and_takeover_on_release() {
+    let c = cluster(&[node("n-1", "4", "8Gi", json!({}))]).await;
+    let start = |client: Client| async move {
+        let mut config = SchedulerConfig::new(SCHEDULER, None);
+        let mut le = LeaderElectionConfig::for_lease(SCHEDULER);
+        le.retry_period = Duration::from_millis(200);
+        config.leader_election = Some(le);
+        FakeScheduler::start(client, config).await.unwrap()
+    };
+    let first = start(c.client.clone()).await;
+    first.wait_for(DEADLINE, |s| s.leader).await.unwrap();
+    let second = start(c.client.clone()).await;
+    second
+        .wait_for(DEADLINE, |s| s.lease_attempts >= 3)
+        .await
+        .unwrap();
+    assert!(!second.stats().leader, "the Lease is held by the first");
+    assert_ne!(first.identity(), second.identity());
+
+    c.create(&pod("one", SCHEDULER, json!({"cpu": "1"}), json!({})))
+        .await;
+    c.bound("one").await;
+    first
+        .wait_for(DEADLINE, |s| s.scheduled == 1)
+        .await
+        .unwrap();
+    assert_eq!(second.stats().attempts, 0);
+
+    first.shutdown().await;
+    second.wait_for(DEADLINE, |s| s.leader).await.unwrap();
+    c.create(&pod("two", SCHEDULER, json!({"cpu": "1"}), json!({})))
+        .await;
+    c.bound("two").await;
+    second
+        .wait_for(DEADLINE, |s| s.scheduled == 1)
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "kube-system");
+    let spec = leases.get(SCHEDULER).await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), second.identity());
+    assert_eq!(spec.lease_transitions, Some(1));
+    second.shutdown().await;
+    c.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn schedules_through_cut_watches_and_an_expired_resource_version() {
+    let c = cluster(&[node("n-1", "4", "8Gi", json!({}))]).await;
+    let ext = TestExtender::start(c.client.clone(), Script::Accept(None), false).await;
+    let scheduler = FakeScheduler::start(c.client.clone(), config(Some(hami(&ext.url))))
+        .await
+        .unwrap();
+    scheduler.wait_for(DEADLINE, |s| s.synced).await.unwrap();
+    c.create(&gpu_pod("before", "1")).await;
+    c.bound("before").await;
+    c.server.compact().unwrap();
+    c.server.cut_watches();
+    c.create(&gpu_pod("after", "1")).await;
+    c.create(&pod(
+        "after-plain",
+        SCHEDULER,
+        json!({"cpu": "1"}),
+        json!({}),
+    ))
+    .await;
+    c.bound("after").await;
+    c.bound("after-plain").await;
+    let stats = scheduler
+        .wait_for(DEADLINE, |s| s.scheduled == 3)
+        .await
+        .unwrap();
+    assert_eq!(stats.filter_calls, 2, "no pod is filtered twice: {stats:?}");
+    scheduler.shutdown().await;
+    ext.stop().await;
+    c.server.shutdown().await;
+}
