@@ -1068,4 +1068,65 @@ mod against_apiserver {
         kubelet.shutdown().await;
         api.shutdown().await;
     }
+
+    #[tokio::test]
+    async fn graceful_deletion_is_confirmed_and_frees_devices() {
+        let options = integration::fake_apiserver::Options {
+            graceful_pod_deletion: true,
+            ..Default::default()
+        };
+        let api = FakeApiServer::start_with("127.0.0.1:0".parse().unwrap(), options)
+            .await
+            .unwrap();
+        let client = api.client().await.unwrap();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "ns"}})).unwrap();
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let node = node().await;
+        let agent = NodeAgent::start(&node.kubelet, client.clone(), NodeConfig::new("node-a"))
+            .await
+            .unwrap();
+        let _plugin = start_plugin(node.dir.clone(), devices(1));
+        registered_with(&node, 1).await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
+
+        pods.create(&PostParams::default(), &bare("a", 1, 1))
+            .await
+            .unwrap();
+        let a = until(&pods, "a", "a Running", running).await;
+        pods.delete("a", &DeleteParams::default()).await.unwrap();
+        let uid = a.metadata.uid.clone().unwrap();
+        let gone = tokio::time::timeout(
+            DEADLINE,
+            await_condition(
+                pods.clone(),
+                "a",
+                kube::runtime::wait::conditions::is_deleted(&uid),
+            ),
+        );
+        gone.await.expect("kubelet confirms the deletion").unwrap();
+        let deletes = api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "DELETE" && r.path == "/api/v1/namespaces/ns/pods/a")
+            .count();
+        assert_eq!(
+            deletes, 2,
+            "the user's graceful delete, then the kubelet's grace-0 one"
+        );
+        node.kubelet
+            .wait_devices(DEADLINE, "a freed", |v| v.allocations.is_empty())
+            .await
+            .unwrap();
+        pods.create(&PostParams::default(), &bare("b", 2, 1))
+            .await
+            .unwrap();
+        until(&pods, "b", "b Running", running).await;
+
+        agent.shutdown().await;
+        api.shutdown().await;
+    }
 }
