@@ -75,7 +75,9 @@ for set in "${VALUE_SETS[@]}"; do
   if [ -n "$unknown" ]; then
     echo "FAIL: objects without a schema that are not known custom resources:"; echo "$unknown"; exit 1
   fi
-  echo "passed: $(grep -c 'INFO - passed' "$OUT/$set.validate") objects valid against Kubernetes $KUBE_VERSION"
+  crs="$(grep -c "Couldn't find schema" "$OUT/$set.validate" || true)"
+  echo "passed: $(grep -c 'INFO - passed' "$OUT/$set.validate") objects valid against Kubernetes $KUBE_VERSION;" \
+    "$crs custom resources have no built-in schema (checked in the custom resources step)"
 
   step "wiring ($set values): kube-scheduler config, webhook, Service, certificate and RBAC agree"
   python3 "$HELM_DIR/check_chart.py" wiring "$OUT/$set.yaml"
@@ -87,7 +89,7 @@ done
 step "HAMi-core install command (default values): installs, idempotent, atomic replace"
 python3 "$HELM_DIR/check_chart.py" hamicore "$OUT/default.yaml"
 
-step "render variants: external cert-manager issuer, no node-daemon, hard anti-affinity off"
+step "render variants: external cert-manager issuer, no node-daemon, no anti-affinity, no PDB"
 helm template gpuslice "$CHART" --namespace gs --kube-version "$KUBE_VERSION" \
   --set scheduler.certManager.enabled=true \
   --set scheduler.certManager.issuerRef.name=corp-ca \
