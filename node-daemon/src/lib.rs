@@ -1,6 +1,27 @@
 //! gpuslice node daemon: serves the kubelet device-plugin API for a node's
 //! GPUs, hands each container its slice (HAMi-core env and mounts), and
 //! publishes the node's GPUs as the HAMi register annotation.
+//!
+//! ```text
+//!              kubelet (device manager)                   kube-apiserver
+//!                 │ Register ▲   │ ListAndWatch/Allocate        ▲ pods on node, node lock,
+//!                 ▼          │   ▼                              │ pod/node annotations
+//!  grpc::registration   grpc::plugin::DevicePluginService   cluster::Cluster (kube-rs)
+//!   (serve, register,        │ one send per call                ▲
+//!    re-register)            ▼                                  │
+//!                     actors::kubelet::KubeletActor ────────────┘
+//!                       │ allocation::{identify_pod, plan_container}  (pure)
+//!                       ▼ CommitSlice / ReleaseSlice
+//!                     actors::gpu::GpuActor × N ── ledger::SliceLedger (pure, one per GPU)
+//!
+//!  devices::DeviceSource ─health events─> actors::health::HealthActor ─> watch<Inventory>
+//!                                                 ListAndWatch, registrar, metrics read it
+//! ```
+//!
+//! Start-up order ([`daemon::run`]): discover GPUs, rebuild every ledger
+//! from the pods bound to this node, start the actors, and only then serve
+//! and register the socket. Shutdown: stop accepting, let in-flight
+//! Allocates finish, remove the socket.
 
 pub mod actors;
 pub mod allocation;
@@ -13,3 +34,4 @@ pub mod metrics;
 pub mod registrar;
 pub mod settings;
 pub mod telemetry;
+pub mod testkit;
