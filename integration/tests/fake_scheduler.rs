@@ -163,6 +163,8 @@ async fn bind(state: web::Data<ExtenderState>, body: web::Bytes) -> HttpResponse
 
 struct TestExtender {
     url: String,
+    /// The self-signed certificate (HTTPS only).
+    ca_pem: Option<String>,
     state: web::Data<ExtenderState>,
     handle: actix_web::dev::ServerHandle,
 }
@@ -185,10 +187,11 @@ impl TestExtender {
         .workers(1)
         .disable_signals()
         .shutdown_timeout(1);
+        let mut ca_pem = None;
         let server = if tls {
-            server
-                .bind_rustls_0_23(loopback(), self_signed_server_config())
-                .unwrap()
+            let (config, pem) = self_signed_server_config();
+            ca_pem = Some(pem);
+            server.bind_rustls_0_23(loopback(), config).unwrap()
         } else {
             server.bind(loopback()).unwrap()
         };
@@ -199,6 +202,7 @@ impl TestExtender {
         let scheme = if tls { "https" } else { "http" };
         Self {
             url: format!("{scheme}://{addr}"),
+            ca_pem,
             state,
             handle,
         }
@@ -227,16 +231,22 @@ impl TestExtender {
     }
 }
 
-fn self_signed_server_config() -> rustls::ServerConfig {
+/// A server config with a fresh self-signed certificate for
+/// `extender.invalid`, and that certificate as PEM.
+fn self_signed_server_config() -> (rustls::ServerConfig, String) {
     let certified = rcgen::generate_simple_self_signed(vec!["extender.invalid".into()]).unwrap();
+    let pem = certified.cert.pem();
     let cert = certified.cert.der().clone();
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
-    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap()
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert], key)
+    .unwrap();
+    (config, pem)
 }
 
 fn node(name: &str, cpu: &str, memory: &str, extra: Value) -> Node {
@@ -1013,6 +1023,57 @@ async fn schedules_through_cut_watches_and_an_expired_resource_version() {
         .unwrap();
     assert_eq!(stats.filter_calls, 2, "no pod is filtered twice: {stats:?}");
     scheduler.shutdown().await;
+    ext.stop().await;
+    c.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn https_extender_verified_against_its_ca_and_server_name() {
+    let c = cluster(&[node("n-1", "4", "8Gi", json!({}))]).await;
+    let ext = TestExtender::start(c.client.clone(), Script::Accept(None), true).await;
+    let verified = |server_name: Option<&str>| {
+        let mut e = hami(&ext.url);
+        e.enable_https = false;
+        e.tls_config = Some(TlsConfig {
+            insecure: false,
+            ca_data: ext.ca_pem.clone(),
+            server_name: server_name.map(String::from),
+            ..TlsConfig::default()
+        });
+        e
+    };
+    // The certificate names extender.invalid, not 127.0.0.1: verification fails.
+    let wrong = FakeScheduler::start(c.client.clone(), config(Some(verified(None))))
+        .await
+        .unwrap();
+    c.create(&gpu_pod("verify", "1")).await;
+    let pending = wait_for_pod(&c.client, "default", "verify", DEADLINE, |p| {
+        pod_condition(p, "PodScheduled").is_some()
+    })
+    .await
+    .unwrap();
+    let (status, reason, message) = pod_condition(&pending, "PodScheduled").unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "SchedulerError")
+    );
+    assert!(
+        message.starts_with(&format!("Post \"{}/filter\": ", ext.url)),
+        "{message}"
+    );
+    assert!(ext.requests("/filter").is_empty(), "no request got through");
+    wrong.shutdown().await;
+
+    // With serverName set to the certificate's name it verifies.
+    let right = FakeScheduler::start(
+        c.client.clone(),
+        config(Some(verified(Some("extender.invalid")))),
+    )
+    .await
+    .unwrap();
+    assert_eq!(bound_node(&c.bound("verify").await), Some("n-1"));
+    assert_eq!(ext.requests("/filter").len(), 1);
+    right.shutdown().await;
     ext.stop().await;
     c.server.shutdown().await;
 }

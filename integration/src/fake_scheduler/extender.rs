@@ -203,11 +203,21 @@ impl Extender {
                 .with_root_certificates(ca_roots(&config)?)
                 .with_no_client_auth()
         };
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        let mut builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
+            .https_or_http();
+        let server_name = config
+            .tls_config
+            .as_ref()
+            .and_then(|t| t.server_name.clone())
+            .filter(|n| !n.is_empty());
+        if let Some(name) = server_name {
+            let name = ServerName::try_from(name.clone())
+                .map_err(|e| ClientError::Tls(format!("serverName {name:?}: {e}")))?;
+            builder =
+                builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+        }
+        let connector = builder.enable_http1().build();
         let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(Self {
             base: config.url_prefix.trim_end_matches('/').to_string(),
