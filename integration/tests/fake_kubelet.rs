@@ -741,9 +741,40 @@ async fn records_carry_the_allocate_reply() {
 }
 
 #[tokio::test]
-async fn registration_is_validated_like_kubelet() {
+async fn register_keeps_dialling_until_the_plugin_socket_answers() {
     let node = node().await;
-    let channel = integration::fake_kubelet::registration::dial(node.kubelet.socket())
+    let (_devices, rx) = watch::channel(devices(2));
+    let plugin = TestPlugin {
+        devices: rx,
+        log: Arc::new(Log::default()),
+    };
+    // Register first; the plugin's socket only appears afterwards.
+    let dir = node.dir.clone();
+    let registering = tokio::spawn(async move { register(&dir, "late.sock").await });
+    tokio::task::yield_now().await;
+    let listener = UnixListener::bind(node.dir.join("late.sock")).unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(plugin))
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+    registering.await.unwrap().unwrap();
+    registered_with(&node, 2).await;
+    server.abort();
+}
+
+#[tokio::test]
+async fn registration_is_validated_like_kubelet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let options = integration::fake_kubelet::Options {
+        dial_timeout: Duration::from_millis(200),
+    };
+    let config = Config {
+        dir: tmp.path().to_owned(),
+        record_dir: None,
+    };
+    let kubelet = FakeKubelet::start_with(config, options).await.unwrap();
+    let channel = integration::fake_kubelet::registration::dial(kubelet.socket())
         .await
         .unwrap();
     let mut client = RegistrationClient::new(channel);
@@ -770,7 +801,7 @@ async fn registration_is_validated_like_kubelet() {
         err.message().starts_with("failed to dial device plugin"),
         "{err:?}"
     );
-    assert_eq!(node.kubelet.devices().registrations, 0);
+    assert_eq!(kubelet.devices().registrations, 0);
 }
 
 #[tokio::test]

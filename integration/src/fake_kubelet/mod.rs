@@ -83,9 +83,25 @@ pub struct Config {
     pub record_dir: Option<PathBuf>,
 }
 
+/// Tunables with kubelet's values as defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// How long `Register` keeps dialling the plugin's socket (10 s).
+    pub dial_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            dial_timeout: registration::DIAL_TIMEOUT,
+        }
+    }
+}
+
 /// A running fake kubelet (device manager part). Dropping it stops it.
 pub struct FakeKubelet {
     config: Config,
+    options: Options,
     state: StateHandle,
     batches: mpsc::UnboundedSender<Batch>,
     devices: watch::Receiver<NodeDevices>,
@@ -99,6 +115,11 @@ impl FakeKubelet {
     /// Starts like kubelet: reads the checkpoint in `config.dir` (if any),
     /// wipes the sockets there, and serves `Registration` on `kubelet.sock`.
     pub async fn start(config: Config) -> Result<Self> {
+        Self::start_with(config, Options::default()).await
+    }
+
+    /// [`FakeKubelet::start`] with non-default [`Options`].
+    pub async fn start_with(config: Config, options: Options) -> Result<Self> {
         let io = |what, path: &Path| {
             let path = path.to_owned();
             move |source| Error::Io { what, path, source }
@@ -118,10 +139,11 @@ impl FakeKubelet {
             state.clone(),
             config.record_dir.clone(),
         ));
-        let server = RegistrationHandle::start(&config.dir, state.clone())
+        let server = RegistrationHandle::start(&config.dir, state.clone(), options.dial_timeout)
             .map_err(io("binding", &config.dir))?;
         Ok(Self {
             config,
+            options,
             state,
             batches,
             devices,
@@ -219,8 +241,8 @@ impl FakeKubelet {
             path: dir.clone(),
             source,
         })?;
-        let server =
-            RegistrationHandle::start(&dir, self.state.clone()).map_err(|source| Error::Io {
+        let server = RegistrationHandle::start(&dir, self.state.clone(), self.options.dial_timeout)
+            .map_err(|source| Error::Io {
                 what: "binding",
                 path: dir.clone(),
                 source,

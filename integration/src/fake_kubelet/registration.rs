@@ -24,8 +24,9 @@ use tracing::{info, instrument, warn};
 use super::admission::is_extended_resource_name;
 use super::manager::{Endpoint, StateHandle};
 
-/// How long kubelet waits to dial a registering plugin.
-const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long kubelet waits to dial a registering plugin (gRPC `WithBlock`
+/// under a 10 s context: it keeps retrying until the socket answers).
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a `Register` call is refused. Texts follow kubelet's
 /// (`pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go`); they reach the
@@ -71,7 +72,27 @@ pub fn validate(r: &api::RegisterRequest) -> Result<(), RegisterError> {
     Ok(())
 }
 
-/// Dials a unix socket as a gRPC channel.
+/// Dials `path`, retrying with backoff until it answers or `timeout` has
+/// passed, as kubelet's blocking dial does.
+pub async fn dial_within(
+    path: PathBuf,
+    timeout: Duration,
+) -> Result<Channel, tonic::transport::Error> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match dial(path.clone()).await {
+            Ok(channel) => return Ok(channel),
+            Err(error) if tokio::time::Instant::now() + backoff >= deadline => return Err(error),
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Dials a unix socket as a gRPC channel (one attempt).
 pub async fn dial(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
     GrpcEndpoint::from_static("http://[::]:50051")
         .connect_timeout(DIAL_TIMEOUT)
@@ -86,6 +107,7 @@ pub async fn dial(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
 struct RegistrationService {
     dir: PathBuf,
     state: StateHandle,
+    dial_timeout: Duration,
 }
 
 #[tonic::async_trait]
@@ -96,7 +118,7 @@ impl Registration for RegistrationService {
         request: Request<api::RegisterRequest>,
     ) -> Result<Response<api::Empty>, Status> {
         let r = request.into_inner();
-        match connect(&self.dir, &r, &self.state).await {
+        match connect(&self.dir, &r, &self.state, self.dial_timeout).await {
             Ok(()) => {
                 info!("device plugin registered");
                 Ok(Response::new(api::Empty {}))
@@ -115,9 +137,10 @@ async fn connect(
     dir: &Path,
     r: &api::RegisterRequest,
     state: &StateHandle,
+    dial_timeout: Duration,
 ) -> Result<(), RegisterError> {
     validate(r)?;
-    let channel = dial(dir.join(&r.endpoint))
+    let channel = dial_within(dir.join(&r.endpoint), dial_timeout)
         .await
         .map_err(RegisterError::Dial)?;
     let mut client = DevicePluginClient::new(channel);
@@ -200,13 +223,18 @@ pub(crate) struct RegistrationHandle {
 
 impl RegistrationHandle {
     /// Binds `<dir>/kubelet.sock` and serves `Registration` on it.
-    pub(crate) fn start(dir: &Path, state: StateHandle) -> std::io::Result<Self> {
+    pub(crate) fn start(
+        dir: &Path,
+        state: StateHandle,
+        dial_timeout: Duration,
+    ) -> std::io::Result<Self> {
         let socket = dir.join(api::KUBELET_SOCKET);
         let listener = UnixListener::bind(&socket)?;
         let (shutdown, stop) = oneshot::channel::<()>();
         let service = RegistrationService {
             dir: dir.to_owned(),
             state,
+            dial_timeout,
         };
         let task = tokio::spawn(async move {
             let served = Server::builder()
