@@ -193,3 +193,52 @@ pub async fn pod_events(
     ));
     Ok(api.list(&params).await?.items)
 }
+
+/// A Node named `name` whose `status.capacity` and `status.allocatable`
+/// are `resources` (e.g. `{"cpu": "8", "memory": "16Gi", "pods": "110"}`),
+/// labelled `kubernetes.io/hostname=<name>` as kubelet does.
+pub fn node_with(name: &str, resources: serde_json::Value) -> k8s_openapi::api::core::v1::Node {
+    let node = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"capacity": resources.clone(), "allocatable": resources},
+    });
+    serde_json::from_value(node).unwrap_or_default()
+}
+
+/// Creates `count` nodes `<prefix>-0` … with `resources` each; returns
+/// their names.
+pub async fn create_nodes(
+    client: &Client,
+    prefix: &str,
+    count: usize,
+    resources: serde_json::Value,
+) -> Result<Vec<String>, HarnessError> {
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let mut names = Vec::with_capacity(count);
+    for i in 0..count {
+        let name = format!("{prefix}-{i}");
+        api.create(
+            &kube::api::PostParams::default(),
+            &node_with(&name, resources.clone()),
+        )
+        .await?;
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// Waits until pod `namespace/name` is bound and returns its node.
+pub async fn wait_for_scheduled(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    deadline: Duration,
+) -> Result<String, HarnessError> {
+    let pod = wait_for_pod(client, namespace, name, deadline, |p| {
+        bound_node(p).is_some()
+    })
+    .await?;
+    Ok(bound_node(&pod).unwrap_or_default().to_string())
+}

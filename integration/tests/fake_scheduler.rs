@@ -17,7 +17,8 @@ use integration::fake_scheduler::{
     ExtenderConfig, FakeScheduler, LeaderElectionConfig, SchedulerConfig, TlsConfig,
 };
 use integration::harness::{
-    bound_node, pod_condition, wait_for_object, wait_for_pod, wait_for_pod_events,
+    bound_node, create_nodes, pod_condition, wait_for_object, wait_for_pod, wait_for_pod_events,
+    wait_for_scheduled,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -460,7 +461,16 @@ async fn ignorable_extender_failure_is_skipped() {
 
 #[tokio::test]
 async fn pods_are_attempted_in_arrival_order() {
-    let c = cluster(&[node("n-1", "8", "8Gi", json!({}))]).await;
+    let c = cluster(&[]).await;
+    let nodes = create_nodes(
+        &c.client,
+        "n",
+        1,
+        json!({"cpu": "8", "memory": "8Gi", "pods": "110"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(nodes, vec!["n-0"]);
     let ext = TestExtender::start(c.client.clone(), Script::Accept(None), false).await;
     let scheduler = FakeScheduler::start(c.client.clone(), config(Some(hami(&ext.url))))
         .await
@@ -471,7 +481,10 @@ async fn pods_are_attempted_in_arrival_order() {
         c.create(&gpu_pod(name, "1")).await;
     }
     for name in names {
-        c.bound(name).await;
+        let node = wait_for_scheduled(&c.client, "default", name, DEADLINE)
+            .await
+            .unwrap();
+        assert_eq!(node, "n-0");
     }
     let order: Vec<String> = ext
         .requests("/filter")
