@@ -168,6 +168,16 @@ fn gpu_free(g: &Gpu, u: &GpuUse) -> GpuFree {
     }
 }
 
+/// Idle GPU capacity of a node, milli-GPU.
+#[must_use]
+pub fn node_idle_milli(node: &Node) -> u64 {
+    node.gpus
+        .iter()
+        .zip(&node.usage)
+        .map(|(g, u)| u64::from(gpu_free(g, u).idle))
+        .sum()
+}
+
 /// Per-node fragmentation for a shape distribution, refreshed node by node.
 #[derive(Debug, Clone)]
 pub struct FgdIndex {
@@ -392,7 +402,7 @@ impl FgdIndex {
             return fit_pod(node, req, fallback_order).map(|p| (0.0, p));
         };
         self.weights(after_free, &mut weights);
-        let mut best: Option<(f64, usize, u64, u32)> = None;
+        let mut best: Option<(f64, usize, u64, u32, u32)> = None;
         let mut tried: Vec<usize> = Vec::with_capacity(node.gpus.len());
         for (pos, (g, u)) in node.gpus.iter().zip(&node.usage).enumerate() {
             let Ok(p) = check_gpu(g, u, &r, &req.constraints) else {
@@ -415,14 +425,18 @@ impl FgdIndex {
                 usedcores: u.usedcores + p.usedcores,
             };
             let old = free[pos];
-            free[pos] = gpu_free(g, &after);
+            let after_free = gpu_free(g, &after);
+            free[pos] = after_free;
             let f = self.frag_with(id, &weights, &free);
             free[pos] = old;
-            if best.is_none_or(|b| f < b.0 - 1e-9) {
-                best = Some((f, pos, p.usedmem, p.usedcores));
+            // Equal growth: the GPU left with the least free share wins.
+            let left = after_free.idle;
+            let better = best.is_none_or(|b| f < b.0 - 1e-9 || (f <= b.0 + 1e-9 && left < b.4));
+            if better {
+                best = Some((f, pos, p.usedmem, p.usedcores, left));
             }
         }
-        let Some((f, pos, usedmem, usedcores)) = best else {
+        let Some((f, pos, usedmem, usedcores, _)) = best else {
             // Nothing fits: let fit explain why.
             let err = fit_container(node, &node.usage, fallback_order, &r, &req.constraints)
                 .err()

@@ -253,6 +253,20 @@ fn bestfit_key(node: &Node, picks: &PodPicks, req: &PodRequest) -> f64 {
     -leftover
 }
 
+/// Compares two (key, secondary key) pairs, equal within 1e-9.
+fn compare_keys(a: (f64, f64), b: (f64, f64)) -> std::cmp::Ordering {
+    let cmp = |x: f64, y: f64| {
+        if x > y + 1e-9 {
+            std::cmp::Ordering::Greater
+        } else if x < y - 1e-9 {
+            std::cmp::Ordering::Less
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    };
+    cmp(a.0, b.0).then_with(|| cmp(a.1, b.1))
+}
+
 /// Chooses a node and GPUs for the pod among `candidates`.
 ///
 /// # Errors
@@ -271,43 +285,53 @@ pub fn schedule(
         return Err(ScheduleError::MissingFgdIndex);
     }
     let mut failed = Vec::new();
-    let mut best: Option<(f64, NodeId, PodPicks)> = None;
+    let mut best: Option<((f64, f64), NodeId, PodPicks)> = None;
     let mut ties = TieBreak::default();
     for id in candidates {
         let Some(node) = cluster.node(id) else {
             continue;
         };
+        // (key, secondary key): higher wins; equal keys break by seed.
         let placed = match policy {
             Policy::Binpack | Policy::Spread => {
                 let order = gpu_order(node, req, gpu_policy, &cfg.weights);
                 fit_pod(node, req, &order).map(|p| {
                     let s = node_score(node);
-                    (if policy == Policy::Binpack { s } else { -s }, p)
+                    ((if policy == Policy::Binpack { s } else { -s }, 0.0), p)
                 })
             }
             Policy::BestFit => {
                 let mut order: Vec<usize> = (0..node.gpus.len()).collect();
                 order.sort_by_key(|&p| std::cmp::Reverse(free_milli(node, p)));
-                fit_pod(node, req, &order).map(|p| (bestfit_key(node, &p, req), p))
+                fit_pod(node, req, &order).map(|p| ((bestfit_key(node, &p, req), 0.0), p))
             }
             Policy::Random => {
                 let mut order: Vec<usize> = (0..node.gpus.len()).collect();
                 rng.shuffle(&mut order);
-                fit_pod(node, req, &order).map(|p| (0.0, p))
+                fit_pod(node, req, &order).map(|p| ((0.0, 0.0), p))
             }
             Policy::Fgd => {
                 let Some(index) = fgd else {
                     return Err(ScheduleError::MissingFgdIndex);
                 };
-                let order = gpu_order(
-                    node,
-                    req,
-                    crate::core::policy::GpuPolicy::Binpack,
-                    &cfg.weights,
-                );
+                let order = gpu_order(node, req, GpuPolicy::Binpack, &cfg.weights);
+                // Equal fragmentation growth: a GPU pod goes to the fuller
+                // node (HAMi binpack score), keeping empty nodes whole; a
+                // CPU-only pod goes where CPU is least needed by idle GPUs.
+                let secondary = if req.wants_gpu() {
+                    node_score(node)
+                } else {
+                    let free_cpu = node
+                        .free_cpu_memory()
+                        .map_or(0, |(c, _)| c.saturating_sub(req.cpu_milli));
+                    #[allow(clippy::cast_precision_loss)]
+                    let per_idle =
+                        free_cpu as f64 / (crate::core::fgd::node_idle_milli(node) as f64 + 1.0);
+                    per_idle
+                };
                 index
                     .best_on_node(cluster, id, req, &order)
-                    .map(|(d, p)| (-d, p))
+                    .map(|(d, p)| ((-d, secondary), p))
             }
         };
         match placed {
@@ -319,13 +343,15 @@ pub fn schedule(
                         ties.offer(rng);
                         true
                     }
-                    Some((b, _, _)) if key > b + 1e-9 => {
-                        ties.reset();
-                        ties.offer(rng);
-                        true
-                    }
-                    Some((b, _, _)) if key >= b - 1e-9 => ties.offer(rng),
-                    Some(_) => false,
+                    Some((b, _, _)) => match compare_keys(key, *b) {
+                        std::cmp::Ordering::Greater => {
+                            ties.reset();
+                            ties.offer(rng);
+                            true
+                        }
+                        std::cmp::Ordering::Equal => ties.offer(rng),
+                        std::cmp::Ordering::Less => false,
+                    },
                 };
                 if better {
                     best = Some((key, id, picks));
@@ -334,7 +360,7 @@ pub fn schedule(
         }
     }
     match best {
-        Some((score, node, picks)) => Ok(Decision {
+        Some(((score, _), node, picks)) => Ok(Decision {
             node,
             picks,
             score,

@@ -84,11 +84,7 @@ pub fn table(results: &[ReplayResult]) -> String {
         s,
         "\nmean over seeds ({} GPUs, arrived demand {:.0} %):",
         first.total_gpus,
-        100.0
-            * mean(results.iter().map(|r| r.demand))
-                .floor()
-                .max(0.0)
-                .max(first.demand.floor())
+        100.0 * mean(results.iter().map(|r| r.demand))
     );
     let _ = writeln!(
         s,
