@@ -1160,4 +1160,79 @@ mod against_apiserver {
         agent.shutdown().await;
         api.shutdown().await;
     }
+
+    /// Kills the child on drop so a failing test leaves no process behind.
+    struct ChildGuard(std::process::Child);
+
+    impl Drop for ChildGuard {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[tokio::test]
+    async fn the_binary_admits_pods_against_an_apiserver_and_stops_on_sigterm() {
+        let api = FakeApiServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let client = api.client().await.unwrap();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "ns"}})).unwrap();
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let (dir, records, kubeconfig) = (
+            tmp.path().join("dp"),
+            tmp.path().join("records"),
+            tmp.path().join("kc"),
+        );
+        api.write_kubeconfig(&kubeconfig).unwrap();
+
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_fake-kubelet"))
+            .args(["--node-name", "node-b", "--resource", RESOURCE])
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--record-dir")
+            .arg(&records)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut child = ChildGuard(child);
+        let nodes: Api<KubeNode> = Api::all(client.clone());
+        until(&nodes, "node-b", "node registered", |n| {
+            quantity(n, "capacity").as_deref() == Some("0")
+        })
+        .await;
+        let _plugin = start_plugin(dir.clone(), devices(1));
+        until(&nodes, "node-b", "capacity 1", |n| {
+            quantity(n, "allocatable").as_deref() == Some("1")
+        })
+        .await;
+
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
+        let mut p = bare("a", 1, 1);
+        p.spec.as_mut().unwrap().node_name = Some("node-b".into());
+        pods.create(&PostParams::default(), &p).await.unwrap();
+        until(&pods, "a", "a Running", running).await;
+        let rec = record::read_record(&records, "ns", "a").unwrap();
+        assert_eq!(rec.containers[0].device_ids, ["dev-0"]);
+
+        let pid = child.0.id().to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = tokio::task::spawn_blocking(move || child.0.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "exit status after SIGTERM: {status:?}");
+        api.shutdown().await;
+    }
 }
