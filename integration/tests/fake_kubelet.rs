@@ -764,10 +764,124 @@ async fn register_keeps_dialling_until_the_plugin_socket_answers() {
 }
 
 #[tokio::test]
+async fn pod_resources_api_lists_active_pods_and_their_devices() {
+    use proto::podresources::v1 as pr;
+    use proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("device-plugins");
+    let socket = tmp.path().join("pod-resources").join("kubelet.sock");
+    let options = integration::fake_kubelet::Options {
+        pod_resources_socket: Some(socket.clone()),
+        ..Default::default()
+    };
+    let config = Config {
+        dir: dir.clone(),
+        record_dir: None,
+    };
+    let kubelet = FakeKubelet::start_with(config, options).await.unwrap();
+    let plugin = start_plugin(dir, devices(3));
+    kubelet
+        .wait_devices(DEADLINE, "registration", |v| count(v).allocatable == 3)
+        .await
+        .unwrap();
+    plugin
+        .devices
+        .send_modify(|d| d[0].health = api::UNHEALTHY.into());
+    kubelet
+        .wait_devices(DEADLINE, "dev-0 unhealthy", |v| count(v).allocatable == 2)
+        .await
+        .unwrap();
+
+    let a = kubelet
+        .admit(pod("a", 1, &[("main", 1), ("side", 1)], &[("init", 1)]))
+        .await
+        .unwrap();
+    assert!(a.is_running());
+    assert!(
+        !kubelet
+            .admit(pod("b", 2, &[("main", 2)], &[]))
+            .await
+            .unwrap()
+            .is_running()
+    );
+
+    let channel = integration::fake_kubelet::registration::dial(socket)
+        .await
+        .unwrap();
+    let mut client = PodResourcesListerClient::new(channel);
+    let listed = client
+        .list(pr::ListPodResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_resources;
+    assert_eq!(listed.len(), 1, "only the admitted pod: {listed:?}");
+    let a_res = &listed[0];
+    assert_eq!((a_res.name.as_str(), a_res.namespace.as_str()), ("a", "ns"));
+    let per_container: Vec<(String, Vec<String>)> = a_res
+        .containers
+        .iter()
+        .map(|c| {
+            (
+                c.name.clone(),
+                c.devices
+                    .iter()
+                    .flat_map(|d| d.device_ids.clone())
+                    .collect(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, Vec<String>)> = a
+        .containers
+        .iter()
+        .filter(|c| !c.init)
+        .map(|c| (c.container.clone(), c.device_ids.clone()))
+        .collect();
+    assert_eq!(per_container, expected, "init containers are not listed");
+
+    let got = client
+        .get(pr::GetPodResourcesRequest {
+            pod_name: "a".into(),
+            pod_namespace: "ns".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.pod_resources.as_ref(), Some(a_res));
+    let missing = client
+        .get(pr::GetPodResourcesRequest {
+            pod_name: "b".into(),
+            pod_namespace: "ns".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.message(), "pod b in namespace ns not found");
+
+    let allocatable = client
+        .get_allocatable_resources(pr::AllocatableResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(allocatable.devices.len(), 1);
+    assert_eq!(allocatable.devices[0].resource_name, RESOURCE);
+    assert_eq!(allocatable.devices[0].device_ids, ["dev-1", "dev-2"]);
+
+    assert!(kubelet.remove_pod("uid-a").await.unwrap());
+    let listed = client
+        .list(pr::ListPodResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_resources;
+    assert!(listed.is_empty());
+}
+
+#[tokio::test]
 async fn registration_is_validated_like_kubelet() {
     let tmp = tempfile::tempdir().unwrap();
     let options = integration::fake_kubelet::Options {
         dial_timeout: Duration::from_millis(200),
+        ..Default::default()
     };
     let config = Config {
         dir: tmp.path().to_owned(),

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use integration::fake_kubelet::node::{NodeAgent, NodeConfig};
-use integration::fake_kubelet::{Config, FakeKubelet};
+use integration::fake_kubelet::{Config, FakeKubelet, Options};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tracing::{error, info};
 
@@ -36,6 +36,10 @@ struct Args {
     /// Folder for one `<namespace>_<pod>.json` admission record per pod.
     #[arg(long, env = "FAKE_KUBELET_RECORD_DIR", value_name = "DIR")]
     record_dir: Option<PathBuf>,
+    /// Also serve kubelet's pod-resources API on this socket
+    /// (kubelet: /var/lib/kubelet/pod-resources/kubelet.sock).
+    #[arg(long, value_name = "SOCKET")]
+    pod_resources_socket: Option<PathBuf>,
     /// CPU capacity of the node.
     #[arg(long, default_value = "8")]
     cpu: String,
@@ -105,11 +109,15 @@ async fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
+    let options = Options {
+        pod_resources_socket: args.pod_resources_socket,
+        ..Options::default()
+    };
     let config = Config {
         dir: args.dir,
         record_dir: args.record_dir,
     };
-    let kubelet = match FakeKubelet::start(config).await {
+    let kubelet = match FakeKubelet::start_with(config, options).await {
         Ok(kubelet) => kubelet,
         Err(e) => {
             error!(error = %e, "cannot start");

@@ -70,9 +70,20 @@ impl Drop for Endpoint {
     }
 }
 
+/// An admitted pod, as the pod-resources API lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ActivePod {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    /// App containers and restartable init containers, in spec order.
+    pub(crate) containers: Vec<String>,
+}
+
 /// Everything the state owner owns.
 pub(crate) struct State {
     pub(crate) table: DeviceTable,
+    /// Admitted pods by UID (kubelet's active pods).
+    pub(crate) active: BTreeMap<String, ActivePod>,
     pub(crate) endpoints: BTreeMap<String, Endpoint>,
     pub(crate) registrations: u64,
     next_generation: u64,
@@ -86,6 +97,7 @@ impl State {
     fn new(table: DeviceTable) -> Self {
         Self {
             table,
+            active: BTreeMap::new(),
             endpoints: BTreeMap::new(),
             registrations: 0,
             next_generation: 0,
@@ -139,6 +151,19 @@ impl State {
             self.endpoint_changes += 1;
             self.table.mark_unhealthy(resource);
         }
+    }
+
+    /// The pod is gone (deleted, finished or rejected): frees its devices.
+    /// Returns whether it held any.
+    pub(crate) fn remove_pod(&mut self, uid: &str) -> bool {
+        self.active.remove(uid);
+        self.table.abort_pod(uid)
+    }
+
+    /// Keeps only the pods in `active`; returns the UIDs whose devices were freed.
+    pub(crate) fn retain_pods(&mut self, active: &BTreeSet<String>) -> Vec<String> {
+        self.active.retain(|uid, _| active.contains(uid));
+        self.table.retain_pods(active)
     }
 
     /// Kubelet restarted: every connection is gone and devices are forgotten.
@@ -319,12 +344,25 @@ async fn admit(state: &StateHandle, pod: &Pod) -> Result<PodAdmission, Error> {
     let outcome_containers = match result {
         Ok(containers) => {
             info!(containers = containers.len(), "pod admitted");
+            let listed = admission::container_plans(pod)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|c| !c.init || c.restartable_init)
+                .map(|c| c.name)
+                .collect();
+            let active = ActivePod {
+                namespace: id.namespace.clone(),
+                name: id.name.clone(),
+                containers: listed,
+            };
+            let uid = id.uid.clone();
+            state.with(move |s| s.active.insert(uid, active)).await?;
             (Outcome::Running, containers)
         }
         Err(AdmitError::Stopped(e)) => return Err(e),
         Err(error) => {
             let uid = id.uid.clone();
-            state.with(move |s| s.table.abort_pod(&uid)).await?;
+            state.with(move |s| s.remove_pod(&uid)).await?;
             let message =
                 format!("Pod was rejected: Allocate failed due to {error}, which is unexpected");
             info!(%message, "pod rejected");

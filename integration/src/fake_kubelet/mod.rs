@@ -16,6 +16,9 @@
 //! - [`checkpoint`] — `kubelet_internal_checkpoint`.
 //! - `manager` — the state owner task and the serial admission worker.
 //! - [`registration`] — the gRPC server and plugin connections.
+//! - `podresources` — the pod-resources API (`List`, `Get`,
+//!   `GetAllocatableResources`) from the same state, when
+//!   [`Options::pod_resources_socket`] is set.
 //! - [`node`] — the Kubernetes side (node status, pod watch, pod status) over
 //!   any apiserver through `kube::Client`.
 //!
@@ -28,6 +31,7 @@ pub mod checkpoint;
 pub mod devices;
 mod manager;
 pub mod node;
+mod podresources;
 pub mod record;
 pub mod registration;
 
@@ -88,12 +92,16 @@ pub struct Config {
 pub struct Options {
     /// How long `Register` keeps dialling the plugin's socket (10 s).
     pub dial_timeout: Duration,
+    /// Where to serve the pod-resources API (kubelet:
+    /// `/var/lib/kubelet/pod-resources/kubelet.sock`); not served if `None`.
+    pub pod_resources_socket: Option<PathBuf>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self {
             dial_timeout: registration::DIAL_TIMEOUT,
+            pod_resources_socket: None,
         }
     }
 }
@@ -106,6 +114,7 @@ pub struct FakeKubelet {
     batches: mpsc::UnboundedSender<Batch>,
     devices: watch::Receiver<NodeDevices>,
     server: Option<RegistrationHandle>,
+    pod_resources: Option<podresources::PodResourcesHandle>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -141,6 +150,13 @@ impl FakeKubelet {
         ));
         let server = RegistrationHandle::start(&config.dir, state.clone(), options.dial_timeout)
             .map_err(io("binding", &config.dir))?;
+        let pod_resources = match &options.pod_resources_socket {
+            Some(socket) => Some(
+                podresources::PodResourcesHandle::start(socket, state.clone())
+                    .map_err(io("serving pod-resources on", socket))?,
+            ),
+            None => None,
+        };
         Ok(Self {
             config,
             options,
@@ -148,6 +164,7 @@ impl FakeKubelet {
             batches,
             devices,
             server: Some(server),
+            pod_resources,
             tasks: vec![state_task, worker],
         })
     }
@@ -256,6 +273,9 @@ impl FakeKubelet {
         if let Some(server) = self.server.take() {
             server.stop().await;
         }
+        if let Some(server) = self.pod_resources.take() {
+            server.stop().await;
+        }
         for task in self.tasks.drain(..) {
             task.abort();
             let _ = task.await;
@@ -289,7 +309,7 @@ impl Admitter {
     /// Frees every device the pod with `uid` holds.
     pub async fn remove_pod(&self, uid: &str) -> Result<bool> {
         let uid = uid.to_owned();
-        self.state.with(move |s| s.table.abort_pod(&uid)).await
+        self.state.with(move |s| s.remove_pod(&uid)).await
     }
 
     /// Frees the devices of every pod whose UID is not in `active`.
@@ -297,6 +317,6 @@ impl Admitter {
         &self,
         active: std::collections::BTreeSet<String>,
     ) -> Result<Vec<String>> {
-        self.state.with(move |s| s.table.retain_pods(&active)).await
+        self.state.with(move |s| s.retain_pods(&active)).await
     }
 }
