@@ -1047,3 +1047,44 @@ async fn bodies_up_to_three_mebibytes_are_accepted() {
     assert_eq!((code, reason.as_str()), (413, "RequestEntityTooLarge"));
     server.shutdown().await;
 }
+
+/// Prints throughput figures; run with
+/// `cargo test -p integration --test fake_apiserver -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement, not a check"]
+async fn measure_create_watch_and_list_throughput() {
+    const PODS: usize = 2000;
+    const WRITERS: usize = 8;
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut mirror = Mirror::start(Api::all(client.clone()));
+    mirror.wait_names(&[]).await;
+    let started = std::time::Instant::now();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let pods = pods.clone();
+            tokio::spawn(async move {
+                for i in (w..PODS).step_by(WRITERS) {
+                    pods.create(&PostParams::default(), &pod(&format!("load-{i}")))
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let created = started.elapsed();
+    mirror.wait("all pods mirrored", |p| p.len() == PODS).await;
+    let mirrored = started.elapsed();
+    let listing = std::time::Instant::now();
+    let listed = pods.list(&ListParams::default()).await.unwrap();
+    let list_time = listing.elapsed();
+    assert_eq!(listed.items.len(), PODS);
+    println!(
+        "{PODS} creates by {WRITERS} writers: {created:?} ({:.0}/s); reflector complete after {mirrored:?}; list of {PODS}: {list_time:?}",
+        PODS as f64 / created.as_secs_f64()
+    );
+    server.shutdown().await;
+}
