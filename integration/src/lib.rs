@@ -3,6 +3,7 @@
 //! tests, the benchmarks and the sandbox.
 
 pub mod checker;
+pub mod cluster;
 pub mod fake_apiserver;
 pub mod fake_kubelet;
 pub mod fake_scheduler;

@@ -255,8 +255,9 @@ pub async fn run_on(
         result = &mut server => result,
         () = shutdown => {
             info!("shutting down: draining in-flight requests");
-            handle.stop(true).await;
-            server.await
+            // The server future must be polled while it drains, or stop() never completes.
+            let ((), result) = tokio::join!(handle.stop(true), server);
+            result
         }
     };
     watcher.abort();

@@ -1,0 +1,468 @@
+//! A whole GPU-sharing cluster in one process: the fake apiserver, the real
+//! scheduler-webhook (webhook + extender over TLS with a generated
+//! certificate), the fake kube-scheduler, and per node a real node-daemon
+//! with simulated GPUs next to a fake kubelet. Used by the end-to-end tests
+//! and the sandbox.
+//!
+//! Every component speaks its real protocol to the others: HTTPS between
+//! kube-scheduler and the extender, the Kubernetes API over HTTP, the device
+//! plugin API over unix sockets. Each service runs on its own thread and
+//! runtime, as it would in its own process, and can be stopped and started
+//! again (a restart) without touching the others.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+use std::thread::JoinHandle;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::oneshot;
+
+use crate::fake_apiserver::FakeApiServer;
+use crate::fake_kubelet::node::{NodeAgent, NodeConfig};
+use crate::fake_kubelet::{Config as KubeletConfig, FakeKubelet};
+use crate::fake_scheduler::FakeScheduler;
+use crate::fake_scheduler::config::{ExtenderConfig, SchedulerConfig};
+
+/// Scheduler name every GPU pod is routed to.
+pub const SCHEDULER_NAME: &str = "gpuslice-scheduler";
+
+/// What to start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSpec {
+    /// Number of GPU nodes.
+    pub nodes: usize,
+    /// GPUs per node.
+    pub gpus_per_node: u32,
+    /// GPU model as NVML reports it.
+    pub gpu_model: String,
+    /// Memory per GPU, MiB.
+    pub gpu_memory_mib: u32,
+    /// Slices per GPU.
+    pub split_count: u32,
+    /// Node policy of the scheduler.
+    pub node_policy: String,
+    /// GPU policy of the scheduler.
+    pub gpu_policy: String,
+    /// CPU capacity of each node.
+    pub node_cpu: String,
+    /// Memory capacity of each node.
+    pub node_memory: String,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            gpus_per_node: 4,
+            gpu_model: "NVIDIA A100-SXM4-40GB".to_owned(),
+            gpu_memory_mib: 40960,
+            split_count: 10,
+            node_policy: "binpack".to_owned(),
+            gpu_policy: "spread".to_owned(),
+            node_cpu: "64".to_owned(),
+            node_memory: "512Gi".to_owned(),
+        }
+    }
+}
+
+/// Why the cluster could not start or act.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A component failed to start.
+    #[error("{component}: {reason}")]
+    Start {
+        /// Which component.
+        component: String,
+        /// Why.
+        reason: String,
+    },
+    /// A Kubernetes call failed.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// A file could not be written.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn start_err(component: impl Into<String>, reason: impl std::fmt::Display) -> ClusterError {
+    ClusterError::Start {
+        component: component.into(),
+        reason: reason.to_string(),
+    }
+}
+
+/// A service running on its own thread, stopped through a oneshot.
+struct Service {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<Result<(), String>>>,
+}
+
+impl Service {
+    fn stop(&mut self) -> Result<(), String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err("service thread panicked".to_owned()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// One simulated GPU node.
+pub struct NodeHandle {
+    /// Node name.
+    pub name: String,
+    /// Its device-plugins folder.
+    pub dir: PathBuf,
+    /// Its kubelet.
+    pub kubelet: FakeKubelet,
+    agent: Option<NodeAgent>,
+    daemon: Service,
+}
+
+/// A running cluster; [`Cluster::shutdown`] stops everything and removes
+/// every socket and file.
+pub struct Cluster {
+    /// The spec it was started with.
+    pub spec: ClusterSpec,
+    /// The API server.
+    pub api: FakeApiServer,
+    /// Kubeconfig for clients (kube-rs, kubectl).
+    pub kubeconfig: PathBuf,
+    /// The scheduler-webhook's HTTPS base URL.
+    pub webhook_url: String,
+    /// Its metrics URL.
+    pub metrics_url: String,
+    /// The simulated nodes.
+    pub nodes: Vec<NodeHandle>,
+    scheduler: Service,
+    fake_scheduler: Option<FakeScheduler>,
+    tls: (PathBuf, PathBuf),
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("spec", &self.spec)
+            .field("webhook_url", &self.webhook_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Writes a self-signed certificate for `127.0.0.1`/`localhost`.
+fn write_certificate(dir: &Path) -> Result<(PathBuf, PathBuf), ClusterError> {
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .map_err(|e| start_err("certificate", e))?;
+    let (crt, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&crt, cert.cert.pem())?;
+    std::fs::write(&key, cert.signing_key.serialize_pem())?;
+    Ok((crt, key))
+}
+
+fn start_scheduler_webhook(
+    spec: &ClusterSpec,
+    kubeconfig: &Path,
+    tls: &(PathBuf, PathBuf),
+    listen: Option<SocketAddr>,
+) -> Result<(Service, SocketAddr, SocketAddr), ClusterError> {
+    use scheduler_webhook::serve::{Listeners, run_on};
+    use scheduler_webhook::settings::Settings;
+
+    let settings = Settings {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        listen: "127.0.0.1:0".to_owned(),
+        tls_cert: Some(tls.0.clone()),
+        tls_key: Some(tls.1.clone()),
+        metrics_listen: "127.0.0.1:0".to_owned(),
+        scheduler_name: SCHEDULER_NAME.to_owned(),
+        node_scheduler_policy: spec.node_policy.clone(),
+        gpu_scheduler_policy: spec.gpu_policy.clone(),
+        identity: Some(
+            crate::fake_scheduler::config::identity()
+                .split('_')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+        ),
+        ..Settings::default()
+    };
+    settings
+        .validate()
+        .map_err(|e| start_err("scheduler-webhook", e))?;
+    let api = std::net::TcpListener::bind(
+        listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+    )?;
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let (api_addr, metrics_addr) = (api.local_addr()?, metrics.local_addr()?);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("scheduler-webhook".to_owned())
+        .spawn(move || {
+            actix_web::rt::System::new()
+                .block_on(run_on(settings, Listeners { api, metrics }, async {
+                    let _ = stopped.await;
+                }))
+                .map_err(|e| e.to_string())
+        })?;
+    Ok((
+        Service {
+            stop: Some(stop),
+            thread: Some(thread),
+        },
+        api_addr,
+        metrics_addr,
+    ))
+}
+
+fn start_node_daemon(
+    spec: &ClusterSpec,
+    kubeconfig: &Path,
+    name: &str,
+    dir: &Path,
+) -> Result<Service, ClusterError> {
+    use node_daemon::settings::{DeviceSourceKind, Settings};
+
+    let settings = Settings {
+        kubeconfig: Some(kubeconfig.to_owned()),
+        node_name: Some(name.to_owned()),
+        device_plugin_dir: dir.to_owned(),
+        device_source: DeviceSourceKind::Simulated,
+        simulated_gpus: spec.gpus_per_node,
+        simulated_gpu_model: spec.gpu_model.clone(),
+        simulated_gpu_memory_mib: spec.gpu_memory_mib,
+        device_split_count: spec.split_count,
+        metrics_bind_address: None,
+        hook_path: dir.join("hook"),
+        ..Settings::default()
+    }
+    .finish(None)
+    .map_err(|e| start_err(format!("node-daemon {name}"), e))?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (started_tx, started_rx) = std_mpsc::channel::<Result<(), String>>();
+    let thread = std::thread::Builder::new()
+        .name(format!("node-daemon-{name}"))
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e.to_string()));
+                    return Err(e.to_string());
+                }
+            };
+            let system = actix::System::with_tokio_rt(move || runtime);
+            let _ = started_tx.send(Ok(()));
+            system
+                .block_on(node_daemon::daemon::run_from_settings(settings, async {
+                    let _ = stopped.await;
+                }))
+                .map_err(|e| e.to_string())
+        })?;
+    started_rx
+        .recv()
+        .map_err(|_| start_err(format!("node-daemon {name}"), "thread exited early"))?
+        .map_err(|e| start_err(format!("node-daemon {name}"), e))?;
+    Ok(Service {
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}
+
+impl Cluster {
+    /// Starts every component and waits until the scheduler is ready.
+    ///
+    /// # Errors
+    /// A [`ClusterError`] naming the component that failed.
+    pub async fn start(spec: ClusterSpec) -> Result<Self, ClusterError> {
+        let dir = tempfile::Builder::new().prefix("gpuslice-").tempdir()?;
+        let api = FakeApiServer::start(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .map_err(|e| start_err("fake-apiserver", e))?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig)
+            .map_err(|e| start_err("fake-apiserver", e))?;
+        let client = api
+            .client()
+            .await
+            .map_err(|e| start_err("fake-apiserver", e))?;
+        let tls = write_certificate(dir.path())?;
+
+        let (scheduler, api_addr, metrics_addr) =
+            start_scheduler_webhook(&spec, &kubeconfig, &tls, None)?;
+        let webhook_url = format!("https://{api_addr}");
+        let metrics_url = format!("http://{metrics_addr}/metrics");
+
+        let names = proto::hami::resources::ResourceNames::default();
+        let extender = ExtenderConfig::hami(&webhook_url, &names.all());
+        let fake_scheduler = FakeScheduler::start(
+            client.clone(),
+            SchedulerConfig::new(SCHEDULER_NAME, Some(extender)),
+        )
+        .await
+        .map_err(|e| start_err("fake-scheduler", e))?;
+
+        let mut nodes = Vec::with_capacity(spec.nodes);
+        for i in 0..spec.nodes {
+            let name = format!("gpu-node-{i}");
+            let node_dir = dir.path().join(&name);
+            let kubelet = FakeKubelet::start(KubeletConfig {
+                dir: node_dir.join("device-plugins"),
+                record_dir: Some(node_dir.join("records")),
+            })
+            .await
+            .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
+            let node_config = NodeConfig {
+                resources: vec![names.resource_name.clone()],
+                cpu: spec.node_cpu.clone(),
+                memory: spec.node_memory.clone(),
+                ..NodeConfig::new(name.clone())
+            };
+            let agent = NodeAgent::start(&kubelet, client.clone(), node_config)
+                .await
+                .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
+            let daemon =
+                start_node_daemon(&spec, &kubeconfig, &name, &node_dir.join("device-plugins"))?;
+            nodes.push(NodeHandle {
+                name,
+                dir: node_dir,
+                kubelet,
+                agent: Some(agent),
+                daemon,
+            });
+        }
+        Ok(Self {
+            spec,
+            api,
+            kubeconfig,
+            webhook_url,
+            metrics_url,
+            nodes,
+            scheduler,
+            fake_scheduler: Some(fake_scheduler),
+            tls,
+            dir,
+        })
+    }
+
+    /// A kube client for the cluster.
+    ///
+    /// # Errors
+    /// The client cannot be built.
+    pub async fn client(&self) -> Result<kube::Client, ClusterError> {
+        self.api
+            .client()
+            .await
+            .map_err(|e| start_err("fake-apiserver", e))
+    }
+
+    /// The fake scheduler's counters.
+    #[must_use]
+    pub fn scheduler_stats(&self) -> crate::fake_scheduler::Stats {
+        self.fake_scheduler
+            .as_ref()
+            .map(FakeScheduler::stats)
+            .unwrap_or_default()
+    }
+
+    /// Creates a pod the way `kubectl apply` would. The API server runs the
+    /// mutating webhook on it when admission is configured.
+    ///
+    /// # Errors
+    /// The API server refused it.
+    pub async fn create_pod(&self, pod: &Pod) -> Result<Pod, ClusterError> {
+        let client = self.client().await?;
+        let namespace = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        let api: Api<Pod> = Api::namespaced(client, &namespace);
+        Ok(api.create(&PostParams::default(), pod).await?)
+    }
+
+    /// Stops the scheduler-webhook and starts it again on the same port (its
+    /// model is rebuilt from the API server).
+    ///
+    /// # Errors
+    /// It could not stop cleanly or start again.
+    pub fn restart_scheduler_webhook(&mut self) -> Result<(), ClusterError> {
+        let addr: SocketAddr = self
+            .webhook_url
+            .trim_start_matches("https://")
+            .parse()
+            .map_err(|e| start_err("scheduler-webhook", e))?;
+        self.scheduler
+            .stop()
+            .map_err(|e| start_err("scheduler-webhook", e))?;
+        let kubeconfig = self.kubeconfig.clone();
+        let (service, _, metrics) =
+            start_scheduler_webhook(&self.spec, &kubeconfig, &self.tls, Some(addr))?;
+        self.scheduler = service;
+        self.metrics_url = format!("http://{metrics}/metrics");
+        Ok(())
+    }
+
+    /// Stops node `i`'s daemon and starts it again (it rebuilds its ledgers
+    /// from the pods on the node before serving).
+    ///
+    /// # Errors
+    /// It could not stop cleanly or start again.
+    pub fn restart_node_daemon(&mut self, i: usize) -> Result<(), ClusterError> {
+        let spec = self.spec.clone();
+        let kubeconfig = self.kubeconfig.clone();
+        let node = self
+            .nodes
+            .get_mut(i)
+            .ok_or_else(|| start_err("node-daemon", format!("no node {i}")))?;
+        node.daemon
+            .stop()
+            .map_err(|e| start_err(format!("node-daemon {}", node.name), e))?;
+        node.daemon = start_node_daemon(
+            &spec,
+            &kubeconfig,
+            &node.name,
+            &node.dir.join("device-plugins"),
+        )?;
+        Ok(())
+    }
+
+    /// Where the cluster keeps its files (sockets, records, kubeconfig).
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Stops everything, removes every socket and file.
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.fake_scheduler.take() {
+            s.shutdown().await;
+        }
+        for node in &mut self.nodes {
+            let _ = node.daemon.stop();
+            if let Some(agent) = node.agent.take() {
+                agent.shutdown().await;
+            }
+        }
+        for node in self.nodes.drain(..) {
+            node.kubelet.shutdown().await;
+        }
+        let _ = self.scheduler.stop();
+        self.api.shutdown().await;
+    }
+}
