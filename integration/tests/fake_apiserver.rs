@@ -1082,9 +1082,16 @@ async fn measure_create_watch_and_list_throughput() {
     let listed = pods.list(&ListParams::default()).await.unwrap();
     let list_time = listing.elapsed();
     assert_eq!(listed.items.len(), PODS);
+    let raw = std::time::Instant::now();
+    let (status, body) =
+        raw_http(server.addr(), "GET", "/api/v1/namespaces/default/pods", "").await;
+    let raw_time = raw.elapsed();
+    assert_eq!(status, 200);
     println!(
-        "{PODS} creates by {WRITERS} writers: {created:?} ({:.0}/s); reflector complete after {mirrored:?}; list of {PODS}: {list_time:?}",
-        PODS as f64 / created.as_secs_f64()
+        "{PODS} creates by {WRITERS} writers: {created:?} ({:.0}/s); reflector complete after {mirrored:?}; \
+         list of {PODS} via kube-rs: {list_time:?}, raw HTTP ({} bytes): {raw_time:?}",
+        PODS as f64 / created.as_secs_f64(),
+        body.len()
     );
     server.shutdown().await;
 }
