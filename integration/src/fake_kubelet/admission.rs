@@ -3,7 +3,7 @@
 //!
 //! Owns the reading of a `Pod` (identity, phase, per-container device
 //! requests) and the ordering of a batch. It does not choose devices (see
-//! [`super::devices`]) nor call plugins (see [`super::manager`]).
+//! [`super::devices`]) nor call plugins (see `super::manager`).
 
 use std::collections::BTreeMap;
 

@@ -4,7 +4,7 @@
 //!
 //! Owns the socket folder's lifecycle (wiping sockets like a starting kubelet)
 //! and the plugin connections' tasks. Device state lives in the state owner
-//! ([`super::manager`]); this module only feeds it.
+//! (`super::manager`); this module only feeds it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
