@@ -15,6 +15,7 @@
 //! programmatic test handle (faults, watch cutting, compaction, counters).
 //! Object semantics live in [`store`], wire details in [`http`].
 
+pub mod admission;
 pub mod control;
 pub mod http;
 pub mod patch;
@@ -34,6 +35,7 @@ use tokio::task::JoinHandle;
 use tracing::info;
 
 pub use control::{FaultSpec, RequestRecord, Stats};
+pub use resources::ResourceDef;
 pub use status::ApiError;
 pub use store::Store;
 
@@ -68,7 +70,7 @@ pub enum Error {
     Client(#[from] kube::Error),
     /// kube-rs rejected the generated kubeconfig.
     #[error("kubeconfig rejected by kube-rs: {0}")]
-    Url(String),
+    KubeconfigRejected(String),
     /// A condition was not met before the deadline.
     #[error("condition not met within {0:?}; last stats: {1:?}")]
     Timeout(Duration, Box<Stats>),
@@ -128,6 +130,7 @@ impl FakeApiServer {
             store: Mutex::new(store),
             control: control::Control::new(),
             bookmark_interval: options.bookmark_interval,
+            webhooks: std::sync::Mutex::new(Vec::new()),
         });
         let data = http::shared_data(Arc::clone(&shared));
         let server =
@@ -177,17 +180,32 @@ impl FakeApiServer {
         })
     }
 
+    /// Registers a mutating admission webhook for pod CREATEs, as a
+    /// `MutatingWebhookConfiguration` would; webhooks run in the order added.
+    ///
+    /// # Errors
+    /// The CA bundle holds no usable certificate.
+    pub fn add_mutating_webhook(&self, hook: admission::MutatingWebhook) -> Result<(), String> {
+        let caller = admission::WebhookCaller::new(hook)?;
+        self.shared
+            .webhooks
+            .lock()
+            .map_err(|_| "webhook list lock poisoned".to_owned())?
+            .push(caller);
+        Ok(())
+    }
+
     /// A kube client for this server, built from [`Self::kubeconfig_yaml`]
     /// the way a binary given `--kubeconfig` would (namespace `default`).
     pub async fn client(&self) -> Result<kube::Client, Error> {
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml())
-            .map_err(|e| Error::Url(e.to_string()))?;
+            .map_err(|e| Error::KubeconfigRejected(e.to_string()))?;
         let config = kube::Config::from_custom_kubeconfig(
             kubeconfig,
             &kube::config::KubeConfigOptions::default(),
         )
         .await
-        .map_err(|e| Error::Url(e.to_string()))?;
+        .map_err(|e| Error::KubeconfigRejected(e.to_string()))?;
         Ok(kube::Client::try_from(config)?)
     }
 
