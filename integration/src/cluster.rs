@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -21,6 +22,7 @@ use kube::api::PostParams;
 use tokio::sync::oneshot;
 
 use crate::fake_apiserver::FakeApiServer;
+use crate::fake_apiserver::admission::{FailurePolicy, MutatingWebhook};
 use crate::fake_kubelet::node::{NodeAgent, NodeConfig};
 use crate::fake_kubelet::{Config as KubeletConfig, FakeKubelet};
 use crate::fake_scheduler::FakeScheduler;
@@ -307,6 +309,16 @@ impl Cluster {
             start_scheduler_webhook(&spec, &kubeconfig, &tls, None)?;
         let webhook_url = format!("https://{api_addr}");
         let metrics_url = format!("http://{metrics_addr}/metrics");
+        // kube-apiserver calls our webhook on every pod CREATE, trusting our CA,
+        // as the chart's MutatingWebhookConfiguration (failurePolicy Fail) says.
+        api.add_mutating_webhook(MutatingWebhook {
+            name: "vgpu.hami.io".to_owned(),
+            url: format!("{webhook_url}/webhook"),
+            ca_bundle: std::fs::read_to_string(&tls.0)?,
+            failure_policy: FailurePolicy::Fail,
+            timeout: Duration::from_secs(10),
+        })
+        .map_err(|e| start_err("admission webhook", e))?;
 
         let names = proto::hami::resources::ResourceNames::default();
         let extender = ExtenderConfig::hami(&webhook_url, &names.all());
@@ -369,6 +381,48 @@ impl Cluster {
             .client()
             .await
             .map_err(|e| start_err("fake-apiserver", e))
+    }
+
+    /// Waits until every node advertises its GPUs (register annotation and
+    /// allocatable) and the scheduler holds its Lease with synced caches.
+    ///
+    /// # Errors
+    /// Not ready within a minute.
+    pub async fn wait_until_ready(&self) -> Result<(), ClusterError> {
+        let client = self.client().await?;
+        let want = self.spec.nodes;
+        crate::harness::wait_for_list(
+            Api::<k8s_openapi::api::core::v1::Node>::all(client),
+            kube::runtime::watcher::Config::default(),
+            "nodes to register their GPUs",
+            Duration::from_secs(60),
+            |nodes| {
+                nodes
+                    .iter()
+                    .filter(|n| {
+                        let registered = n.metadata.annotations.as_ref().is_some_and(|a| {
+                            a.contains_key(proto::hami::keys::NODE_NVIDIA_REGISTER)
+                        });
+                        let allocatable = n
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.allocatable.as_ref())
+                            .and_then(|a| a.get("nvidia.com/gpu"))
+                            .is_some_and(|q| q.0 != "0");
+                        registered && allocatable
+                    })
+                    .count()
+                    >= want
+            },
+        )
+        .await
+        .map_err(|e| start_err("nodes", e))?;
+        if let Some(s) = &self.fake_scheduler {
+            s.wait_for(Duration::from_secs(60), |st| st.leader && st.synced)
+                .await
+                .map_err(|e| start_err("fake-scheduler", e))?;
+        }
+        Ok(())
     }
 
     /// The fake scheduler's counters.

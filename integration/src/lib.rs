@@ -8,3 +8,5 @@ pub mod fake_apiserver;
 pub mod fake_kubelet;
 pub mod fake_scheduler;
 pub mod harness;
+pub mod sandbox;
+pub mod workload;

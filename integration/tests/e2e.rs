@@ -2,6 +2,11 @@
 //! GPUs, against the fake apiserver, fake kube-scheduler and fake kubelets.
 //! Every scenario ends with the independent checker.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test harness: a failed setup step must panic"
+)]
+
 use std::time::Duration;
 
 use integration::checker;

@@ -46,6 +46,8 @@ pub struct Shared {
     pub control: Control,
     /// Interval between BOOKMARK events on watches that allow them.
     pub bookmark_interval: Duration,
+    /// Mutating admission webhooks run on pod CREATEs.
+    pub webhooks: Mutex<Vec<super::admission::WebhookCaller>>,
 }
 
 impl Shared {
@@ -159,6 +161,28 @@ pub fn route(path: &str) -> Option<Route> {
         ["healthz" | "livez" | "readyz"] => Some(Route::Health),
         _ => None,
     }
+}
+
+/// Runs the mutating webhooks on a pod being created, in order.
+async fn admit(shared: &Shared, namespace: &str, mut object: Value) -> Result<Value, ApiError> {
+    let hooks = shared
+        .webhooks
+        .lock()
+        .map_err(|_| ApiError::Injected {
+            code: 500,
+            message: "webhook list lock poisoned".to_owned(),
+        })?
+        .clone();
+    for hook in &hooks {
+        let uid = uuid::Uuid::new_v4().to_string();
+        match hook.admit(namespace, object, &uid).await {
+            super::admission::Admission::Allowed(patched) => object = patched,
+            super::admission::Admission::Denied { code, message } => {
+                return Err(ApiError::Injected { code, message });
+            }
+        }
+    }
+    Ok(object)
 }
 
 fn json_response(code: StatusCode, body: &Value) -> HttpResponse {
@@ -358,7 +382,10 @@ async fn serve(
                 return Err(ApiError::MethodNotAllowed);
             }
             require_json(req)?;
-            let object = parse_body(body)?;
+            let mut object = parse_body(body)?;
+            if def.plural == "pods" {
+                object = admit(shared, namespace.as_deref().unwrap_or_default(), object).await?;
+            }
             let created = write(shared, query, |s| {
                 s.create(def, namespace.as_deref(), object)
             })??;

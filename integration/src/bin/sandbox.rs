@@ -1,0 +1,55 @@
+//! `sandbox`: a whole gpuslice cluster on one machine (see `integration::sandbox`).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use integration::sandbox::{Args, run, table};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    if args.format == "table" {
+        eprintln!(
+            "starting a cluster: {} node(s) x {} {} ({} MiB, {} slices each), workload {}",
+            args.nodes,
+            args.gpus_per_node,
+            args.gpu_model,
+            args.gpu_memory,
+            args.split_count,
+            args.workload
+        );
+    }
+    let (summary, cluster) = match run(&args).await {
+        Ok(done) => done,
+        Err(e) => {
+            eprintln!("sandbox: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.format == "json" {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary).unwrap_or_default()
+        );
+    } else {
+        print!("{}", table(&summary));
+    }
+    if args.keep_running {
+        eprintln!(
+            "\ncluster is up; try:\n  kubectl --kubeconfig {} get pods -o wide\nCtrl-C stops it.",
+            cluster.kubeconfig.display()
+        );
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    cluster.shutdown().await;
+    if summary.report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,464 @@
+//! The sandbox: a whole GPU-sharing cluster on one machine, a workload
+//! submitted through the admission webhook, a wait until nothing is in
+//! flight, then a report per node and GPU checked by the independent
+//! checker.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use kube::runtime::watcher;
+use serde::Serialize;
+
+use crate::checker::{self, Report};
+use crate::cluster::{Cluster, ClusterError, ClusterSpec};
+use crate::harness::{HarnessError, wait_for_list};
+use crate::workload;
+
+/// Flags of `sandbox`.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "sandbox",
+    version,
+    about = "A whole gpuslice cluster on one machine: fake kube-apiserver, kube-scheduler and kubelets around the real scheduler-webhook and node-daemons with simulated GPUs"
+)]
+pub struct Args {
+    /// Number of GPU nodes.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: usize,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 4)]
+    pub gpus_per_node: u32,
+    /// GPU model, as NVML would name it.
+    #[arg(long, default_value = "NVIDIA A100-SXM4-40GB")]
+    pub gpu_model: String,
+    /// Memory per GPU, MiB.
+    #[arg(long, default_value_t = 40960)]
+    pub gpu_memory: u32,
+    /// Slices per GPU (deviceSplitCount).
+    #[arg(long, default_value_t = 10)]
+    pub split_count: u32,
+    /// `demo`, `burst`, or `openb:<pods.csv>`.
+    #[arg(long, default_value = "demo")]
+    pub workload: String,
+    /// Pods for `burst` and `openb` workloads.
+    #[arg(long, default_value_t = 40)]
+    pub pods: usize,
+    /// Node policy: binpack, spread, bestfit, random.
+    #[arg(long, default_value = "binpack")]
+    pub policy: String,
+    /// Output: `table` or `json`.
+    #[arg(long, default_value = "table")]
+    pub format: String,
+    /// Give up waiting after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// Leave the cluster up after the report (prints the kubeconfig path); stop with Ctrl-C.
+    #[arg(long)]
+    pub keep_running: bool,
+}
+
+/// One GPU in the summary.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct GpuSummary {
+    /// GPU UUID.
+    pub uuid: String,
+    /// Slices in use.
+    pub slots_used: u64,
+    /// Slices in all.
+    pub slots_total: u64,
+    /// Memory in use.
+    pub memory_used_mib: u64,
+    /// Memory in all.
+    pub memory_total_mib: u64,
+    /// Cores in use, percent.
+    pub cores_used: u64,
+    /// `pod` names holding a slice.
+    pub holders: Vec<String>,
+}
+
+/// One node in the summary.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct NodeSummary {
+    /// Node name.
+    pub name: String,
+    /// Its GPUs.
+    pub gpus: Vec<GpuSummary>,
+}
+
+/// A pod that did not run, and why.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Unplaced {
+    /// Pod name.
+    pub pod: String,
+    /// Phase.
+    pub phase: String,
+    /// Why (scheduling condition or failure message).
+    pub reason: String,
+}
+
+/// The sandbox's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Pods created.
+    pub pods_submitted: usize,
+    /// Pods Running.
+    pub pods_running: usize,
+    /// Pods still Pending (unschedulable, with reasons).
+    pub pods_pending: usize,
+    /// Pods Failed.
+    pub pods_failed: usize,
+    /// Pods the API server refused at admission.
+    pub pods_rejected: usize,
+    /// GPUs over capacity (checker).
+    pub overcommitted_gpus: usize,
+    /// Containers whose env differs from their annotation (checker).
+    pub mismatched_containers: usize,
+    /// Bound pods that neither finished allocation nor failed with a reason (checker).
+    pub unfinished_pods: usize,
+    /// From the first create until nothing was in flight.
+    pub seconds_to_settle: f64,
+    /// Nodes and GPUs.
+    pub nodes: Vec<NodeSummary>,
+    /// Pods not running, with reasons.
+    pub not_running: Vec<Unplaced>,
+    /// The checker's findings.
+    #[serde(skip)]
+    pub report: Report,
+}
+
+/// Why the sandbox could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// A bad flag value.
+    #[error("{0}")]
+    Usage(String),
+    /// The cluster could not start.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The workload could not be read.
+    #[error(transparent)]
+    Workload(#[from] workload::TraceError),
+    /// Pods did not settle.
+    #[error(transparent)]
+    Wait(#[from] HarnessError),
+    /// An API call failed.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+/// Whether a pod is no longer in flight: running, finished, or pending with
+/// the scheduler's reason.
+#[must_use]
+pub fn settled(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    match status.and_then(|s| s.phase.as_deref()) {
+        Some("Running" | "Succeeded" | "Failed") => true,
+        _ => {
+            let bound = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some();
+            let unschedulable = status
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                });
+            !bound && unschedulable
+        }
+    }
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+fn pods_of(args: &Args) -> Result<Vec<Pod>, SandboxError> {
+    match args.workload.as_str() {
+        "demo" => Ok(workload::demo(args.gpu_memory)
+            .into_iter()
+            .map(|d| d.pod)
+            .collect()),
+        "burst" => Ok(workload::burst(args.pods, args.gpu_memory)),
+        other => match other.strip_prefix("openb:") {
+            Some(path) => Ok(workload::openb(
+                &PathBuf::from(path),
+                args.pods,
+                args.gpu_memory,
+            )?),
+            None => Err(SandboxError::Usage(format!(
+                "--workload must be demo, burst or openb:<pods.csv>, got {other:?}"
+            ))),
+        },
+    }
+}
+
+/// Runs the sandbox: starts the cluster, submits, waits, reports. With
+/// `keep_running` the cluster is returned for the caller to keep alive.
+///
+/// # Errors
+/// A [`SandboxError`] saying what failed.
+pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
+    if !["table", "json"].contains(&args.format.as_str()) {
+        return Err(SandboxError::Usage(format!(
+            "--format must be table or json, got {:?}",
+            args.format
+        )));
+    }
+    if args.nodes == 0 || args.gpus_per_node == 0 {
+        return Err(SandboxError::Usage(
+            "--nodes and --gpus-per-node must be at least 1".to_owned(),
+        ));
+    }
+    let pods = pods_of(args)?;
+    let cluster = Cluster::start(ClusterSpec {
+        nodes: args.nodes,
+        gpus_per_node: args.gpus_per_node,
+        gpu_model: args.gpu_model.clone(),
+        gpu_memory_mib: args.gpu_memory,
+        split_count: args.split_count,
+        node_policy: args.policy.clone(),
+        ..ClusterSpec::default()
+    })
+    .await?;
+    let client = cluster.client().await?;
+    cluster.wait_until_ready().await?;
+
+    let started = Instant::now();
+    let mut rejected = Vec::new();
+    for pod in &pods {
+        if let Err(e) = cluster.create_pod(pod).await {
+            rejected.push(Unplaced {
+                pod: pod.metadata.name.clone().unwrap_or_default(),
+                phase: "Rejected".to_owned(),
+                reason: e.to_string(),
+            });
+        }
+    }
+    let submitted = pods.len() - rejected.len();
+    let progress = args.format == "table";
+    let settled_pods = wait_for_list(
+        Api::<Pod>::namespaced(client.clone(), workload::NAMESPACE),
+        watcher::Config::default(),
+        "pods to settle",
+        Duration::from_secs(args.timeout),
+        |pods| {
+            let done = pods.iter().filter(|p| settled(p)).count();
+            if progress {
+                let running = pods.iter().filter(|p| phase(p) == "Running").count();
+                eprint!("\r  settling: {done}/{submitted} pods settled, {running} running   ");
+                let _ = std::io::stderr().flush();
+            }
+            pods.len() >= submitted && done == pods.len()
+        },
+    )
+    .await?;
+    let seconds_to_settle = started.elapsed().as_secs_f64();
+    if progress {
+        eprintln!();
+    }
+    let nodes = Api::<Node>::all(client)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let mut summary = summarize(&settled_pods, &nodes, seconds_to_settle);
+    summary.pods_rejected = rejected.len();
+    summary.not_running.extend(rejected);
+    Ok((summary, cluster))
+}
+
+/// Builds the summary from what the API server shows.
+#[must_use]
+pub fn summarize(pods: &[Pod], nodes: &[Node], seconds_to_settle: f64) -> Summary {
+    let report = checker::check(pods, nodes);
+    let mut node_summaries = Vec::new();
+    let mut holders: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut used: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+    for pod in pods
+        .iter()
+        .filter(|p| matches!(phase(p), "Running" | "Pending"))
+    {
+        let annotations = pod.metadata.annotations.as_ref();
+        let Some(value) = annotations.and_then(|a| a.get("hami.io/vgpu-devices-allocated")) else {
+            continue;
+        };
+        let init = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .map_or(0, Vec::len);
+        let running = phase(pod) == "Running";
+        for (i, container) in value.split(';').enumerate() {
+            if i < init && running {
+                continue;
+            }
+            for device in container.split(':').filter(|d| d.contains(',')) {
+                let f: Vec<&str> = device.split(',').collect();
+                let (Some(uuid), Some(mem), Some(cores)) = (f.first(), f.get(2), f.get(3)) else {
+                    continue;
+                };
+                let entry = used.entry((*uuid).to_owned()).or_default();
+                entry.0 += 1;
+                entry.1 += mem.parse::<u64>().unwrap_or(0);
+                entry.2 += cores.parse::<u64>().unwrap_or(0);
+                let names = holders.entry((*uuid).to_owned()).or_default();
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    for node in nodes {
+        let register = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("hami.io/node-nvidia-register"))
+            .and_then(|v| serde_json::from_str::<Vec<serde_json::Value>>(v).ok())
+            .unwrap_or_default();
+        let gpus = register
+            .iter()
+            .map(|d| {
+                let uuid = d["id"].as_str().unwrap_or_default().to_owned();
+                let (slots, mem, cores) = used.get(&uuid).copied().unwrap_or_default();
+                GpuSummary {
+                    slots_used: slots,
+                    slots_total: d["count"].as_u64().unwrap_or(0),
+                    memory_used_mib: mem,
+                    memory_total_mib: d["devmem"].as_u64().unwrap_or(0),
+                    cores_used: cores,
+                    holders: holders.get(&uuid).cloned().unwrap_or_default(),
+                    uuid,
+                }
+            })
+            .collect();
+        node_summaries.push(NodeSummary {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            gpus,
+        });
+    }
+    let not_running = pods
+        .iter()
+        .filter(|p| phase(p) != "Running")
+        .map(|p| {
+            let status = p.status.as_ref();
+            let reason = status
+                .and_then(|s| s.message.clone())
+                .or_else(|| {
+                    status
+                        .and_then(|s| s.conditions.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .find(|c| c.type_ == "PodScheduled")
+                        .and_then(|c| c.message.clone())
+                })
+                .unwrap_or_default();
+            Unplaced {
+                pod: p.metadata.name.clone().unwrap_or_default(),
+                phase: phase(p).to_owned(),
+                reason,
+            }
+        })
+        .collect();
+    Summary {
+        pods_submitted: pods.len(),
+        pods_running: pods.iter().filter(|p| phase(p) == "Running").count(),
+        pods_pending: pods.iter().filter(|p| phase(p) == "Pending").count(),
+        pods_failed: pods.iter().filter(|p| phase(p) == "Failed").count(),
+        pods_rejected: 0,
+        overcommitted_gpus: report
+            .overcommitted
+            .iter()
+            .map(|o| &o.uuid)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        mismatched_containers: report.mismatched.len(),
+        unfinished_pods: report.unfinished.len(),
+        seconds_to_settle,
+        nodes: node_summaries,
+        not_running,
+        report,
+    }
+}
+
+/// The human report.
+#[must_use]
+pub fn table(summary: &Summary) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for node in &summary.nodes {
+        let _ = writeln!(out, "\nnode {}", node.name);
+        let _ = writeln!(
+            out,
+            "  {:<44} {:>7} {:>17} {:>6}  holders",
+            "GPU", "slices", "memory MiB", "cores"
+        );
+        for g in &node.gpus {
+            let _ = writeln!(
+                out,
+                "  {:<44} {:>3}/{:<3} {:>7}/{:<9} {:>5}%  {}",
+                g.uuid,
+                g.slots_used,
+                g.slots_total,
+                g.memory_used_mib,
+                g.memory_total_mib,
+                g.cores_used,
+                if g.holders.is_empty() {
+                    "-".to_owned()
+                } else {
+                    g.holders.join(", ")
+                }
+            );
+        }
+    }
+    if !summary.not_running.is_empty() {
+        let _ = writeln!(out, "\nnot running:");
+        for p in &summary.not_running {
+            let _ = writeln!(out, "  {:<20} {:<9} {}", p.pod, p.phase, p.reason);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nsummary: {} submitted, {} running, {} pending, {} failed, {} rejected; settled in {:.2} s",
+        summary.pods_submitted + summary.pods_rejected,
+        summary.pods_running,
+        summary.pods_pending,
+        summary.pods_failed,
+        summary.pods_rejected,
+        summary.seconds_to_settle
+    );
+    let _ = writeln!(
+        out,
+        "checker: {} over-committed GPUs, {} mismatched containers, {} unfinished allocations",
+        summary.overcommitted_gpus, summary.mismatched_containers, summary.unfinished_pods
+    );
+    for o in &summary.report.overcommitted {
+        let _ = writeln!(
+            out,
+            "  OVER-COMMIT {} {} {}: {} > {}",
+            o.node, o.uuid, o.what, o.used, o.capacity
+        );
+    }
+    for m in summary
+        .report
+        .mismatched
+        .iter()
+        .chain(&summary.report.unfinished)
+    {
+        let _ = writeln!(out, "  PROBLEM {} {}: {}", m.pod, m.container, m.why);
+    }
+    out
+}
