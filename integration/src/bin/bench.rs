@@ -1,0 +1,519 @@
+//! `bench`: the end-to-end benchmarks, printed as a Markdown table.
+//!
+//! - `burst`: 40 one-slice pods onto one 8-GPU node (the whole cluster in
+//!   process, as the sandbox runs it): seconds until all run, and pods/s.
+//! - `throughput`: one-slice pods over N nodes × 8 GPUs, create → Running.
+//! - `steady`: after a burst settles, writes by gpuslice (node and pod
+//!   annotations, bindings; not kube-scheduler's Lease or kubelet's status)
+//!   counted at the API server over a quiet window, per node per hour.
+//! - `extender`: the real `scheduler-webhook` binary (child process, TLS)
+//!   over N nodes × 8 GPUs at ~60 % memory use: filter and bind latency
+//!   p50/p99 and decisions/s over HTTPS, next to the cost of only parsing
+//!   the same filter bodies, and the service's resident memory.
+//!
+//! Figures, not assertions: run with `--release`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use integration::cluster::{Cluster, ClusterSpec};
+use integration::fake_apiserver::FakeApiServer;
+use integration::fake_scheduler::config::ExtenderConfig;
+use integration::fake_scheduler::extender::Extender;
+use integration::fake_scheduler::wire::ExtenderBindingArgs;
+use integration::harness::wait_for_list;
+use integration::sandbox::settled;
+use integration::workload;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::PostParams;
+use kube::runtime::watcher;
+use serde_json::json;
+
+/// End-to-end benchmarks of gpuslice; prints a Markdown table.
+#[derive(Debug, Parser)]
+#[command(name = "bench", version)]
+struct Args {
+    /// Run every benchmark at full size (throughput on 100 nodes, extender at 1,500 and 5,000 nodes).
+    #[arg(long)]
+    all: bool,
+    /// Benchmarks to run: burst, throughput, steady, extender.
+    #[arg(long, value_delimiter = ',', default_value = "burst,steady")]
+    only: Vec<String>,
+    /// Nodes for `throughput`.
+    #[arg(long, default_value_t = 20)]
+    throughput_nodes: usize,
+    /// Node counts for `extender`.
+    #[arg(long, value_delimiter = ',', default_value = "1500")]
+    extender_nodes: Vec<usize>,
+    /// Filter+bind decisions measured per extender size.
+    #[arg(long, default_value_t = 1000)]
+    decisions: usize,
+    /// Quiet window of `steady`, seconds.
+    #[arg(long, default_value_t = 60)]
+    steady_seconds: u64,
+    /// Repetitions of `burst` (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+type Row = (String, String, String);
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    if args.all {
+        args.only = ["burst", "throughput", "steady", "extender"]
+            .map(String::from)
+            .to_vec();
+        args.throughput_nodes = 100;
+        args.extender_nodes = vec![1500, 5000];
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for which in args.only.clone() {
+        eprintln!("running {which} …");
+        match which.as_str() {
+            "burst" => rows.extend(burst(&args).await?),
+            "throughput" => rows.extend(throughput(args.throughput_nodes).await?),
+            "steady" => rows.extend(steady(args.steady_seconds).await?),
+            "extender" => {
+                for &n in &args.extender_nodes {
+                    rows.extend(extender(n, args.decisions).await?);
+                }
+            }
+            other => {
+                anyhow::bail!("unknown benchmark {other:?} (burst, throughput, steady, extender)")
+            }
+        }
+    }
+    println!("| benchmark | figure | value |\n|---|---|---|");
+    for (bench, figure, value) in rows {
+        println!("| {bench} | {figure} | {value} |");
+    }
+    println!("\nmachine: {} cores, {}", cores(), os());
+    Ok(())
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+
+fn os() -> String {
+    std::fs::read_to_string("/proc/version")
+        .map(|v| v.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| std::env::consts::OS.to_owned())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Creates `pods` and waits until every one has settled; returns the seconds it took.
+async fn submit_and_settle(
+    cluster: &Cluster,
+    pods: &[Pod],
+    deadline: Duration,
+) -> anyhow::Result<(f64, usize)> {
+    let client = cluster.client().await?;
+    let started = Instant::now();
+    futures::stream::iter(pods)
+        .map(|p| cluster.create_pod(p))
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let want = pods.len();
+    let list = wait_for_list(
+        Api::<Pod>::namespaced(client, workload::NAMESPACE),
+        watcher::Config::default(),
+        "pods to settle",
+        deadline,
+        |ps| ps.len() >= want && ps.iter().all(settled),
+    )
+    .await?;
+    let running = list
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count();
+    Ok((started.elapsed().as_secs_f64(), running))
+}
+
+async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
+    let mut times = Vec::new();
+    let mut running = 0;
+    for _ in 0..args.runs.max(1) {
+        let cluster = Cluster::start(ClusterSpec {
+            nodes: 1,
+            gpus_per_node: 8,
+            ..ClusterSpec::default()
+        })
+        .await?;
+        cluster.wait_until_ready().await?;
+        let (secs, ran) = submit_and_settle(
+            &cluster,
+            &workload::burst(40, 40960),
+            Duration::from_secs(300),
+        )
+        .await?;
+        times.push(secs);
+        running = ran;
+        cluster.shutdown().await;
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    Ok(vec![
+        (
+            "burst: 40 slice pods, 1 node × 8 GPUs".into(),
+            format!("seconds to settle (median of {})", times.len()),
+            format!("{median:.2} s"),
+        ),
+        (
+            "burst".into(),
+            "pods/s (create → Running)".into(),
+            format!("{:.1}", 40.0 / median),
+        ),
+        (
+            "burst".into(),
+            "pods running".into(),
+            format!("{running}/40"),
+        ),
+    ])
+}
+
+async fn throughput(nodes: usize) -> anyhow::Result<Vec<Row>> {
+    let cluster = Cluster::start(ClusterSpec {
+        nodes,
+        gpus_per_node: 8,
+        ..ClusterSpec::default()
+    })
+    .await?;
+    cluster.wait_until_ready().await?;
+    let count = nodes * 8 * 2; // two slices per GPU on average
+    let pods = workload::burst(count, 40960);
+    let (secs, running) = submit_and_settle(&cluster, &pods, Duration::from_secs(900)).await?;
+    let rss = rss_kib(std::process::id())
+        .map_or_else(|| "n/a".to_owned(), |k| format!("{} MiB", k / 1024));
+    cluster.shutdown().await;
+    #[allow(clippy::cast_precision_loss)]
+    let rate = running as f64 / secs;
+    Ok(vec![
+        (
+            format!("throughput: {count} slice pods, {nodes} nodes × 8 GPUs"),
+            "pods/s (create → Running)".into(),
+            format!("{rate:.1}"),
+        ),
+        (
+            "throughput".into(),
+            "pods running".into(),
+            format!("{running}/{count}"),
+        ),
+        (
+            "throughput".into(),
+            "RSS of the whole in-process cluster (all fakes and services)".into(),
+            rss,
+        ),
+    ])
+}
+
+/// Whether a request is a write made by gpuslice's services.
+fn gpuslice_write(method: &str, path: &str) -> bool {
+    let write = matches!(method, "POST" | "PUT" | "PATCH" | "DELETE");
+    let not_ours =
+        path.contains("/leases") || path.ends_with("/status") || path.contains("/events");
+    write && !not_ours
+}
+
+async fn steady(window_secs: u64) -> anyhow::Result<Vec<Row>> {
+    let nodes = 2;
+    let cluster = Cluster::start(ClusterSpec {
+        nodes,
+        gpus_per_node: 8,
+        ..ClusterSpec::default()
+    })
+    .await?;
+    cluster.wait_until_ready().await?;
+    submit_and_settle(
+        &cluster,
+        &workload::burst(40, 40960),
+        Duration::from_secs(300),
+    )
+    .await?;
+    // Let in-flight follow-ups (lock releases, handshakes) land, then count.
+    let before = cluster.api.stats().requests;
+    let window = Duration::from_secs(window_secs);
+    tokio::time::sleep(window).await; // measuring a quiet period is the point here
+    let after = cluster.api.stats().requests;
+    let served = usize::try_from(after - before).unwrap_or(usize::MAX);
+    let log = cluster.api.requests();
+    let recent = &log[log.len().saturating_sub(served)..];
+    let mut writes: BTreeMap<String, u64> = BTreeMap::new();
+    for r in recent.iter().filter(|r| gpuslice_write(&r.method, &r.path)) {
+        *writes
+            .entry(format!("{} {}", r.method, r.path))
+            .or_default() += 1;
+    }
+    let total: u64 = writes.values().sum();
+    #[allow(clippy::cast_precision_loss)]
+    let per_node_hour = total as f64 * 3600.0 / window.as_secs_f64() / nodes as f64;
+    cluster.shutdown().await;
+    let mut rows = vec![(
+        format!("steady state: {nodes} nodes, 40 pods running, {window_secs} s quiet window"),
+        "API writes by gpuslice per node per hour".to_owned(),
+        format!("{per_node_hour:.0}"),
+    )];
+    for (what, n) in writes {
+        rows.push((
+            "steady state".into(),
+            format!("write: {what}"),
+            n.to_string(),
+        ));
+    }
+    Ok(rows)
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn sibling_binary(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let path = exe.parent()?.join(name);
+    path.exists().then_some(path)
+}
+
+fn register(node: &str, gpus: u32) -> String {
+    let devices: Vec<serde_json::Value> = (0..gpus)
+        .map(|i| {
+            json!({"id": format!("GPU-{node}-{i}"), "index": i, "count": 10, "devmem": 40960, "devcore": 100,
+                   "type": "NVIDIA-NVIDIA A100-SXM4-40GB", "mode": "hami-core", "health": true})
+        })
+        .collect();
+    serde_json::to_string(&devices).unwrap_or_default()
+}
+
+async fn extender(nodes: usize, decisions: usize) -> anyhow::Result<Vec<Row>> {
+    let Some(binary) = sibling_binary("scheduler-webhook") else {
+        anyhow::bail!(
+            "extender: build the service first (cargo build --release -p scheduler-webhook); looked next to this binary"
+        );
+    };
+    let api = FakeApiServer::start(([127, 0, 0, 1], 0).into()).await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)?;
+    let client = api.client().await?;
+
+    eprintln!(
+        "  creating {nodes} nodes × 8 GPUs and {} pods at ~60 % memory …",
+        nodes * 8
+    );
+    let node_api: Api<Node> = Api::all(client.clone());
+    let node_objects: Vec<Node> = futures::stream::iter(0..nodes)
+        .map(|i| {
+            let api = node_api.clone();
+            async move {
+                let name = format!("node-{i:05}");
+                let node: Node = serde_json::from_value(json!({"metadata": {"name": name,
+                    "annotations": {"hami.io/node-nvidia-register": register(&name, 8)}}}))?;
+                Ok::<_, anyhow::Error>(api.create(&PostParams::default(), &node).await?)
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect()
+        .await?;
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), "default");
+    futures::stream::iter(0..nodes * 8)
+        .map(|i| {
+            let api = pod_api.clone();
+            async move {
+                let (node, gpu) = (i / 8, i % 8);
+                let node = format!("node-{node:05}");
+                let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("busy-{i}"),
+                    "annotations": {"hami.io/vgpu-node": node,
+                        "hami.io/vgpu-devices-allocated": format!("GPU-{node}-{gpu},NVIDIA,24576,60:;")}},
+                    "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+                    "status": {"phase": "Running"}}))?;
+                Ok::<_, anyhow::Error>(api.create(&PostParams::default(), &pod).await?)
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let candidates: Vec<Pod> = futures::stream::iter(0..decisions)
+        .map(|i| {
+            let api = pod_api.clone();
+            async move {
+                let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("slice-{i}")},
+                    "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "resources": {"limits":
+                        {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "10"}}}]}}))?;
+                Ok::<_, anyhow::Error>(api.create(&PostParams::default(), &pod).await?)
+            }
+        })
+        .buffered(32)
+        .try_collect()
+        .await?;
+
+    // The real binary, over TLS.
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])?;
+    std::fs::write(dir.path().join("tls.crt"), cert.cert.pem())?;
+    std::fs::write(dir.path().join("tls.key"), cert.signing_key.serialize_pem())?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut child = std::process::Command::new(&binary)
+        .arg("serve")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--tls-cert")
+        .arg(dir.path().join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.path().join("tls.key"))
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let result = measure_extender(port, &node_objects, &candidates, child.id()).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    api.shutdown().await;
+    let (filters, binds, parse, rss, sync) = result?;
+    let label = format!("extender: {nodes} nodes × 8 GPUs, ~60 % used, real binary over TLS");
+    #[allow(clippy::cast_precision_loss)]
+    let rate = decisions as f64
+        / (filters.iter().sum::<Duration>() + binds.iter().sum::<Duration>()).as_secs_f64();
+    Ok(vec![
+        (
+            label.clone(),
+            "cache synced after start".into(),
+            format!("{:.2} s", sync.as_secs_f64()),
+        ),
+        (
+            label.clone(),
+            "filter p50 / p99".into(),
+            format!(
+                "{} / {}",
+                ms(percentile(&filters, 0.5)),
+                ms(percentile(&filters, 0.99))
+            ),
+        ),
+        (
+            label.clone(),
+            "bind p50 / p99".into(),
+            format!(
+                "{} / {}",
+                ms(percentile(&binds, 0.5)),
+                ms(percentile(&binds, 0.99))
+            ),
+        ),
+        (
+            label.clone(),
+            "filter+bind decisions/s (sequential)".into(),
+            format!("{rate:.0}"),
+        ),
+        (
+            label.clone(),
+            "parsing one filter body alone (p50)".into(),
+            ms(parse),
+        ),
+        (
+            label,
+            format!("RSS with {} pods cached", nodes * 8),
+            rss.map_or_else(|| "n/a".to_owned(), |k| format!("{} MiB", k / 1024)),
+        ),
+    ])
+}
+
+type Measured = (
+    Vec<Duration>,
+    Vec<Duration>,
+    Duration,
+    Option<u64>,
+    Duration,
+);
+
+async fn measure_extender(
+    port: u16,
+    nodes: &[Node],
+    pods: &[Pod],
+    pid: u32,
+) -> anyhow::Result<Measured> {
+    let url = format!("https://127.0.0.1:{port}");
+    let names = proto::hami::resources::ResourceNames::default();
+    let extender = Extender::new(ExtenderConfig::hami(&url, &names.all()))?;
+    let refs: Vec<&Node> = nodes.iter().collect();
+    // Wait until the service has listed everything: the first filter places the pod.
+    let started = Instant::now();
+    let first = pods.first().ok_or_else(|| anyhow::anyhow!("no pods"))?;
+    loop {
+        if let Ok(result) = extender.filter(first, &refs).await
+            && result.node_names.as_ref().is_some_and(|n| !n.is_empty())
+        {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "scheduler-webhook never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await; // polling another process's readiness
+    }
+    let sync = started.elapsed();
+    let (mut filters, mut binds) = (Vec::new(), Vec::new());
+    for pod in pods {
+        let t = Instant::now();
+        let result = extender.filter(pod, &refs).await?;
+        filters.push(t.elapsed());
+        let node = result
+            .node_names
+            .and_then(|n| n.into_iter().next())
+            .ok_or_else(|| anyhow::anyhow!("filter placed nothing"))?;
+        let t = Instant::now();
+        extender
+            .bind(&ExtenderBindingArgs {
+                pod_name: pod.metadata.name.clone().unwrap_or_default(),
+                pod_namespace: "default".to_owned(),
+                pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+                node,
+            })
+            .await?;
+        binds.push(t.elapsed());
+    }
+    filters.sort();
+    binds.sort();
+    let rss = rss_kib(pid);
+    // Parsing alone: the same body the service decodes.
+    let body = serde_json::to_vec(&json!({"Pod": first, "Nodes": null,
+        "NodeNames": nodes.iter().map(|n| n.metadata.name.clone()).collect::<Vec<_>>()}))?;
+    let mut parses = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let _ = scheduler_webhook::extender::wire::decode_filter(&body)?;
+        parses.push(t.elapsed());
+    }
+    parses.sort();
+    Ok((filters, binds, percentile(&parses, 0.5), rss, sync))
+}
