@@ -560,6 +560,51 @@ mod tests {
     }
 
     #[test]
+    fn fgd_breaks_equal_growth_by_fullness_or_spare_cpu() {
+        // a: 2 GPUs, one fully used; b: 2 empty GPUs. Whole-card workload.
+        let cap = NodeCapacity {
+            cpu_milli: 10_000,
+            memory_mib: 1 << 20,
+        };
+        let mut c = Cluster::new(vec![
+            mk_node("a", 2, 10, 1000).with_capacity(cap),
+            mk_node("b", 2, 10, 1000).with_capacity(cap),
+        ]);
+        c.node_mut(0).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 1000,
+            usedcores: 100,
+        };
+        let mut dist = ShapeDistribution::default();
+        dist.observe(Shape {
+            cpu_milli: 1000,
+            memory_mib: 0,
+            gpus: 1,
+            milli: 1000,
+            types: vec![],
+        });
+        let idx = FgdIndex::new(&dist, &c);
+        let cfg = SchedulerConfig {
+            node_policy: Policy::Fgd,
+            ..SchedulerConfig::default()
+        };
+        let cpu_only = PodRequest {
+            app: vec![None],
+            cpu_milli: 2000,
+            ..PodRequest::default()
+        };
+        for seed in 0..20 {
+            let mut rng = SplitMix64::new(seed);
+            // Both placements leave fragmentation unchanged (growth 0).
+            let d = schedule(&c, &pod(1, 1000, 100), 0..2, &cfg, Some(&idx), &mut rng).unwrap();
+            assert_eq!(d.node, 0, "GPU pod: the fuller node");
+            // CPU-only: a has 1 idle GPU for its CPU, b has 2.
+            let d = schedule(&c, &cpu_only, 0..2, &cfg, Some(&idx), &mut rng).unwrap();
+            assert_eq!(d.node, 0, "CPU-only pod: most CPU per idle GPU");
+        }
+    }
+
+    #[test]
     fn pod_devices_lists_init_then_app_containers() {
         let c = cluster();
         let mut req = pod(1, 100, 10);
