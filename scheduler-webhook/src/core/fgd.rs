@@ -125,6 +125,9 @@ impl ShapeDistribution {
     }
 }
 
+/// The GPU part of a shape: GPU count, milli per GPU, type allow-list.
+type GroupKey = (u32, u32, Vec<String>);
+
 /// Shapes sharing a GPU part, with their CPU/memory and weights.
 #[derive(Debug, Clone)]
 struct Group {
@@ -148,16 +151,14 @@ struct GpuFree {
 }
 
 fn gpu_free(g: &Gpu, u: &GpuUse) -> GpuFree {
-    let by_cores = if g.devcore > 0 {
-        u64::from(u.usedcores) * 1000 / u64::from(g.devcore)
-    } else {
-        0
-    };
-    let by_mem = if g.devmem > 0 {
-        u.usedmem.saturating_mul(1000) / g.devmem
-    } else {
-        0
-    };
+    let by_cores = (u64::from(u.usedcores) * 1000)
+        .checked_div(u64::from(g.devcore))
+        .unwrap_or(0);
+    let by_mem = u
+        .usedmem
+        .saturating_mul(1000)
+        .checked_div(g.devmem)
+        .unwrap_or(0);
     let alloc = u32::try_from(by_cores.max(by_mem).min(1000)).unwrap_or(1000);
     let idle = MILLI_PER_GPU - alloc;
     let out_of_slots = u.used >= g.count;
@@ -191,7 +192,7 @@ impl FgdIndex {
     /// Builds the index for this distribution and computes every node.
     #[must_use]
     pub fn new(dist: &ShapeDistribution, cluster: &Cluster) -> Self {
-        let mut by_gpu: BTreeMap<(u32, u32, Vec<String>), Vec<(u64, u64, f64)>> = BTreeMap::new();
+        let mut by_gpu: BTreeMap<GroupKey, Vec<(u64, u64, f64)>> = BTreeMap::new();
         for (s, f) in dist.frequencies() {
             by_gpu
                 .entry((s.gpus, s.milli, s.types.clone()))

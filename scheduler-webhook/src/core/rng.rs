@@ -60,7 +60,7 @@ impl TieBreak {
     /// current pick.
     pub fn offer(&mut self, rng: &mut SplitMix64) -> bool {
         self.ties += 1;
-        self.ties == 1 || rng.next_u64() % self.ties == 0
+        self.ties == 1 || rng.next_u64().is_multiple_of(self.ties)
     }
 }
 

@@ -126,7 +126,7 @@ pub fn replay(
     let mut index = (spec.policy == Policy::Fgd).then(|| FgdIndex::new(dist, &cluster));
 
     let mut order_rng = SplitMix64::new(spec.seed);
-    let mut tie_rng = SplitMix64::new(spec.seed ^ 0x5EED_0F_71E5);
+    let mut tie_rng = SplitMix64::new(spec.seed ^ 0x5E_ED0F_71E5);
     let mut order: Vec<usize> = (0..pods.len()).collect();
     order_rng.shuffle(&mut order);
 
