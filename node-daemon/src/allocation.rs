@@ -229,6 +229,8 @@ pub struct ContainerPlan {
     pub container_name: String,
     /// Its env turns HAMi-core control off.
     pub cuda_disable_control: bool,
+    /// It is an init container.
+    pub init: bool,
     /// The slices the scheduler chose for it.
     pub devices: ContainerDevices,
     /// `vgpu-devices-to-allocate` with this container's entry erased.
@@ -254,17 +256,18 @@ impl ContainerPlan {
                         pod_uid: pod_uid.to_owned(),
                         container: self.container,
                     },
-                    slice_of(d.usedmem, d.usedcores),
+                    slice_of(d.usedmem, d.usedcores, self.init),
                 )
             })
             .collect()
     }
 }
 
-fn slice_of(mem: i32, cores: i32) -> Slice {
+fn slice_of(mem: i32, cores: i32, init: bool) -> Slice {
     Slice {
         memory_mib: u32::try_from(mem).unwrap_or(0),
         cores: u32::try_from(cores).unwrap_or(0),
+        init,
     }
 }
 
@@ -310,6 +313,7 @@ pub fn plan_container(
         container,
         container_name: spec.name.clone(),
         cuda_disable_control: spec.cuda_disable_control,
+        init: spec.init,
         devices: devices.clone(),
         remaining,
     })
@@ -397,13 +401,14 @@ pub fn rebuild_holdings(node: &str, pods: &[PodView]) -> (Vec<Holding>, Vec<Allo
             if still_pending {
                 continue;
             }
+            let init = pod.containers.get(container).is_some_and(|c| c.init);
             holdings.extend(devices.iter().map(|d| Holding {
                 uuid: d.uuid.clone(),
                 key: SliceKey {
                     pod_uid: pod.uid.clone(),
                     container,
                 },
-                slice: slice_of(d.usedmem, d.usedcores),
+                slice: slice_of(d.usedmem, d.usedcores, init),
             }));
         }
     }
@@ -479,10 +484,12 @@ mod tests {
                 ContainerView {
                     name: "init".into(),
                     cuda_disable_control: false,
+                    init: true,
                 },
                 ContainerView {
                     name: "app".into(),
                     cuda_disable_control: false,
+                    init: false,
                 },
             ],
         }
@@ -643,7 +650,8 @@ mod tests {
             slices[0].2,
             Slice {
                 memory_mib: 3000,
-                cores: 30
+                cores: 30,
+                init: false,
             }
         );
     }

@@ -2,10 +2,16 @@
 //! it (one slot, MiB of memory, percent of compute), keyed by pod UID and
 //! container index. Pure: no actix, no I/O; `GpuActor` is its only owner.
 //!
-//! Invariant, kept by construction: the sums over all holdings never exceed
-//! the GPU's capacity (slots = `deviceSplitCount`, memory, cores). A commit
-//! that would break it is refused with a typed [`LedgerError`] and leaves the
-//! ledger unchanged. The scheduler's exclusivity rules (spec §5: a 100 %
+//! A pod's use of the GPU is counted as the scheduler counts it (spec §5,
+//! `scheduler-webhook::core::reservation`): its app containers summed (one
+//! slot each), its init containers at their peak (one slot), and the pod
+//! holds the larger of the two per dimension, since init containers finish
+//! before app containers start.
+//!
+//! Invariant, kept by construction: the GPU's usage (the sum of every pod's
+//! use) never exceeds its capacity (slots = `deviceSplitCount`, memory,
+//! cores). A commit that would break it is refused with a typed
+//! [`LedgerError`] and leaves the ledger unchanged. The scheduler's exclusivity rules (spec §5: a 100 %
 //! core slice needs an otherwise empty card; a 0 % slice cannot join a card
 //! whose cores are all taken) are enforced too, so the node never accepts
 //! what HAMi's filter would refuse.
@@ -29,6 +35,8 @@ pub struct Slice {
     pub memory_mib: u32,
     /// Compute in percent.
     pub cores: u32,
+    /// Held by an init container (counted at the pod's init peak).
+    pub init: bool,
 }
 
 /// What a GPU offers: slots, memory and cores.
@@ -145,43 +153,100 @@ impl SliceLedger {
         self.held.iter()
     }
 
-    /// Whether `slice` could be committed for a new key now.
+    /// One pod's use: app slices summed, init slices at their peak, the
+    /// larger of the two per dimension.
+    #[must_use]
+    pub fn pod_use<'a>(slices: impl IntoIterator<Item = &'a Slice>) -> Usage {
+        let (mut app, mut init) = (Usage::default(), Usage::default());
+        for s in slices {
+            if s.init {
+                init.slots = 1;
+                init.memory_mib = init.memory_mib.max(u64::from(s.memory_mib));
+                init.cores = init.cores.max(u64::from(s.cores));
+            } else {
+                app.slots += 1;
+                app.memory_mib += u64::from(s.memory_mib);
+                app.cores += u64::from(s.cores);
+            }
+        }
+        Usage {
+            slots: app.slots.max(init.slots),
+            memory_mib: app.memory_mib.max(init.memory_mib),
+            cores: app.cores.max(init.cores),
+        }
+    }
+
+    fn slices_of<'a>(&'a self, pod_uid: &'a str) -> impl Iterator<Item = &'a Slice> + 'a {
+        self.held
+            .iter()
+            .filter(move |(k, _)| k.pod_uid == pod_uid)
+            .map(|(_, s)| s)
+    }
+
+    /// The usage without pod `pod_uid`.
+    fn others(&self, pod_uid: &str) -> Usage {
+        let own = Self::pod_use(self.slices_of(pod_uid));
+        Usage {
+            slots: self.usage.slots - own.slots,
+            memory_mib: self.usage.memory_mib - own.memory_mib,
+            cores: self.usage.cores - own.cores,
+        }
+    }
+
+    /// Whether `key` (holding nothing yet) could hold `slice` now; returns
+    /// the usage it would leave.
     ///
     /// # Errors
     /// The [`LedgerError`] a commit would return.
-    pub fn check(&self, slice: Slice) -> Result<(), LedgerError> {
+    pub fn check(&self, key: &SliceKey, slice: Slice) -> Result<Usage, LedgerError> {
         let Capacity {
             slots,
             memory_mib,
             cores,
         } = self.capacity;
-        let used = self.usage;
-        if used.slots >= slots {
+        let others = self.others(&key.pod_uid);
+        let own = Self::pod_use(self.slices_of(&key.pod_uid).chain([&slice]));
+        let after = Usage {
+            slots: others.slots + own.slots,
+            memory_mib: others.memory_mib + own.memory_mib,
+            cores: others.cores + own.cores,
+        };
+        if after.slots > slots {
             return Err(LedgerError::NoSlot { slots });
         }
-        let free_memory = u64::from(memory_mib).saturating_sub(used.memory_mib);
-        if u64::from(slice.memory_mib) > free_memory {
+        if after.memory_mib > u64::from(memory_mib) {
             return Err(LedgerError::Memory {
                 requested: slice.memory_mib,
-                free: free_memory,
+                free: u64::from(memory_mib).saturating_sub(self.usage.memory_mib),
             });
         }
-        let free_cores = u64::from(cores).saturating_sub(used.cores);
-        if u64::from(slice.cores) > free_cores {
+        if after.cores > u64::from(cores) {
             return Err(LedgerError::Cores {
                 requested: slice.cores,
-                free: free_cores,
+                free: u64::from(cores).saturating_sub(self.usage.cores),
             });
         }
-        if cores == 100 && slice.cores == 100 && used.slots > 0 {
+        // The filter's sharing rules look at what the slice would share the
+        // card with: other pods, and for an app slice this pod's app slices.
+        let sharing = if slice.init {
+            others
+        } else {
+            let own_app = Self::pod_use(self.slices_of(&key.pod_uid).filter(|s| !s.init));
+            Usage {
+                slots: others.slots + own_app.slots,
+                memory_mib: others.memory_mib + own_app.memory_mib,
+                cores: others.cores + own_app.cores,
+            }
+        };
+        if cores == 100 && slice.cores == 100 && sharing.slots > 0 {
             return Err(LedgerError::Exclusive {
-                holders: used.slots,
+                holders: sharing.slots,
             });
         }
-        if slice.cores == 0 && cores > 0 && free_cores == 0 {
+        if slice.cores == 0 && cores > 0 && sharing.cores >= u64::from(cores) {
             return Err(LedgerError::CoresExhausted);
         }
-        Ok(())
+        Ok(after)
     }
 
     /// Holds `slice` for `key`, or refuses and changes nothing.
@@ -201,20 +266,21 @@ impl SliceLedger {
                 })
             };
         }
-        self.check(slice)?;
-        self.usage.slots += 1;
-        self.usage.memory_mib += u64::from(slice.memory_mib);
-        self.usage.cores += u64::from(slice.cores);
+        self.usage = self.check(&key, slice)?;
         self.held.insert(key, slice);
         Ok(Committed::New)
     }
 
     /// Frees what `key` holds; `None` if it held nothing.
     pub fn release(&mut self, key: &SliceKey) -> Option<Slice> {
+        let others = self.others(&key.pod_uid);
         let slice = self.held.remove(key)?;
-        self.usage.slots -= 1;
-        self.usage.memory_mib -= u64::from(slice.memory_mib);
-        self.usage.cores -= u64::from(slice.cores);
+        let own = Self::pod_use(self.slices_of(&key.pod_uid));
+        self.usage = Usage {
+            slots: others.slots + own.slots,
+            memory_mib: others.memory_mib + own.memory_mib,
+            cores: others.cores + own.cores,
+        };
         Some(slice)
     }
 
@@ -256,7 +322,18 @@ mod tests {
     }
 
     fn slice(memory_mib: u32, cores: u32) -> Slice {
-        Slice { memory_mib, cores }
+        Slice {
+            memory_mib,
+            cores,
+            init: false,
+        }
+    }
+
+    fn init_slice(memory_mib: u32, cores: u32) -> Slice {
+        Slice {
+            init: true,
+            ..slice(memory_mib, cores)
+        }
     }
 
     fn gpu(slots: u32, memory_mib: u32, cores: u32) -> SliceLedger {
@@ -353,6 +430,64 @@ mod tests {
         assert_eq!(l.holdings().count(), 1);
     }
 
+    #[test]
+    fn init_containers_count_at_their_peak_and_app_containers_are_summed() {
+        let mut l = gpu(2, 1000, 100);
+        l.commit(key("a", 0), init_slice(800, 50)).unwrap();
+        l.commit(key("a", 1), init_slice(600, 80)).unwrap();
+        assert_eq!(
+            l.usage(),
+            Usage {
+                slots: 1,
+                memory_mib: 800,
+                cores: 80
+            }
+        );
+        // The app container of the same pod fits under the init peak.
+        l.commit(key("a", 2), slice(900, 60)).unwrap();
+        assert_eq!(
+            l.usage(),
+            Usage {
+                slots: 1,
+                memory_mib: 900,
+                cores: 80
+            }
+        );
+        // Another pod sees one slot and the pod's peak taken.
+        assert_eq!(
+            l.commit(key("b", 0), slice(200, 10)),
+            Err(LedgerError::Memory {
+                requested: 200,
+                free: 100
+            })
+        );
+        l.commit(key("b", 0), slice(100, 10)).unwrap();
+        assert_eq!(
+            l.commit(key("c", 0), slice(1, 1)),
+            Err(LedgerError::NoSlot { slots: 2 })
+        );
+        l.release_pod("a");
+        assert_eq!(
+            l.usage(),
+            Usage {
+                slots: 1,
+                memory_mib: 100,
+                cores: 10
+            }
+        );
+    }
+
+    #[test]
+    fn a_whole_card_app_slice_may_follow_its_own_init_container() {
+        let mut l = gpu(10, 1000, 100);
+        l.commit(key("a", 0), init_slice(100, 100)).unwrap();
+        l.commit(key("a", 1), slice(100, 100)).unwrap();
+        assert_eq!(
+            l.commit(key("b", 0), slice(100, 0)),
+            Err(LedgerError::CoresExhausted)
+        );
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Commit(u8, u8, Slice),
@@ -361,7 +496,16 @@ mod tests {
     }
 
     fn op() -> impl Strategy<Value = Op> {
-        let slice = (0u32..700, prop_oneof![Just(0u32), 0u32..=100]).prop_map(|(m, c)| slice(m, c));
+        let slice = (
+            0u32..700,
+            prop_oneof![Just(0u32), 0u32..=100],
+            any::<bool>(),
+        )
+            .prop_map(|(m, c, init)| Slice {
+                memory_mib: m,
+                cores: c,
+                init,
+            });
         prop_oneof![
             4 => (0u8..6, 0u8..3, slice).prop_map(|(p, c, s)| Op::Commit(p, c, s)),
             2 => (0u8..6, 0u8..3).prop_map(|(p, c)| Op::Release(p, c)),
@@ -369,10 +513,35 @@ mod tests {
         ]
     }
 
+    /// Reference model, written independently of the ledger: per pod, app
+    /// slices summed, init slices at their peak, max of the two; summed over
+    /// pods.
+    fn reference_usage(holdings: &[(SliceKey, Slice)]) -> Usage {
+        let mut pods: BTreeMap<&str, (Usage, Usage)> = BTreeMap::new();
+        for (k, s) in holdings {
+            let (app, init) = pods.entry(k.pod_uid.as_str()).or_default();
+            if s.init {
+                init.slots = 1;
+                init.memory_mib = init.memory_mib.max(u64::from(s.memory_mib));
+                init.cores = init.cores.max(u64::from(s.cores));
+            } else {
+                app.slots += 1;
+                app.memory_mib += u64::from(s.memory_mib);
+                app.cores += u64::from(s.cores);
+            }
+        }
+        pods.values().fold(Usage::default(), |acc, (a, i)| Usage {
+            slots: acc.slots + a.slots.max(i.slots),
+            memory_mib: acc.memory_mib + a.memory_mib.max(i.memory_mib),
+            cores: acc.cores + a.cores.max(i.cores),
+        })
+    }
+
     proptest! {
         /// No interleaving of commits and releases over-commits the GPU, the
-        /// usage always equals the sum of the holdings, a refused commit
-        /// changes nothing, and a commit is refused only when it does not fit.
+        /// usage always equals the reference model's, a refused commit
+        /// changes nothing, and a commit is refused only when the reference
+        /// says it would not fit or a sharing rule forbids it.
         #[test]
         fn no_interleaving_over_commits(
             slots in 1u32..6, memory in 1u32..3000, cores in prop_oneof![Just(100u32), 1u32..300],
@@ -385,17 +554,21 @@ mod tests {
                     Op::Commit(p, c, s) => {
                         let k = key(&p.to_string(), c.into());
                         match l.commit(k.clone(), s) {
-                            Ok(Committed::New) => prop_assert!(before.check(s).is_ok()),
-                            Ok(Committed::AlreadyHeld) => prop_assert_eq!(&l, &before),
-                            Err(LedgerError::Conflict { .. }) => prop_assert_eq!(&l, &before),
+                            Ok(Committed::New) => {}
+                            Ok(Committed::AlreadyHeld) | Err(LedgerError::Conflict { .. }) => {
+                                prop_assert_eq!(&l, &before);
+                            }
                             Err(e) => {
                                 prop_assert_eq!(&l, &before);
-                                let fits = before.usage.slots < slots
-                                    && before.usage.memory_mib + u64::from(s.memory_mib) <= u64::from(memory)
-                                    && before.usage.cores + u64::from(s.cores) <= u64::from(cores)
-                                    && !(cores == 100 && s.cores == 100 && before.usage.slots > 0)
-                                    && !(s.cores == 0 && before.usage.cores >= u64::from(cores));
-                                prop_assert!(!fits, "refused a fitting slice: {e}");
+                                let mut with: Vec<(SliceKey, Slice)> =
+                                    before.holdings().map(|(k, s)| (k.clone(), *s)).collect();
+                                with.push((k, s));
+                                let u = reference_usage(&with);
+                                let fits = u.slots <= slots
+                                    && u.memory_mib <= u64::from(memory)
+                                    && u.cores <= u64::from(cores);
+                                let rule = matches!(e, LedgerError::Exclusive { .. } | LedgerError::CoresExhausted);
+                                prop_assert!(!fits || rule, "refused a fitting slice: {e}");
                             }
                         }
                     }
@@ -406,12 +579,8 @@ mod tests {
                 prop_assert!(u.slots <= slots);
                 prop_assert!(u.memory_mib <= u64::from(memory));
                 prop_assert!(u.cores <= u64::from(cores));
-                let sum = l.holdings().fold(Usage::default(), |acc, (_, s)| Usage {
-                    slots: acc.slots + 1,
-                    memory_mib: acc.memory_mib + u64::from(s.memory_mib),
-                    cores: acc.cores + u64::from(s.cores),
-                });
-                prop_assert_eq!(u, sum);
+                let holdings: Vec<(SliceKey, Slice)> = l.holdings().map(|(k, s)| (k.clone(), *s)).collect();
+                prop_assert_eq!(u, reference_usage(&holdings));
             }
         }
     }

@@ -258,6 +258,7 @@ mod tests {
                 Slice {
                     memory_mib: 3000,
                     cores: 30,
+                    init: false,
                 },
             )
             .unwrap();

@@ -97,7 +97,17 @@ pub fn bound_pod(
             .map(|c| ContainerView {
                 name: (*c).into(),
                 cuda_disable_control: false,
+                init: false,
             })
             .collect(),
     }
+}
+
+/// `pod` with its first `count` containers marked as init containers.
+#[must_use]
+pub fn with_init_containers(mut pod: PodView, count: usize) -> PodView {
+    for c in pod.containers.iter_mut().take(count) {
+        c.init = true;
+    }
+    pod
 }

@@ -208,6 +208,7 @@ fn bound_pod(name: &str, containers: &[&str], devices: &str) -> PodView {
             .map(|c| ContainerView {
                 name: (*c).into(),
                 cuda_disable_control: false,
+                init: *c == "init",
             })
             .collect(),
     }
@@ -600,7 +601,7 @@ async fn a_restarted_daemon_rebuilds_the_ledger_and_never_double_books() {
     let node = Node::start(2, cluster.clone(), None).await;
     let a = node.uuids[0].clone();
     let devices = format!("{a},NVIDIA,1000,10:;{a},NVIDIA,1000,10:;");
-    cluster.put_pod(NODE, bound_pod("train", &["init", "app"], &devices));
+    cluster.put_pod(NODE, bound_pod("train", &["first", "second"], &devices));
     cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("train")));
     let mut client = node.client().await;
     client
@@ -745,4 +746,48 @@ async fn shutdown_finishes_the_allocate_in_flight_then_removes_the_socket() {
         .unwrap()
         .unwrap();
     assert!(!node.socket().exists(), "socket removed after the drain");
+}
+
+#[actix::test]
+async fn an_init_and_an_app_container_take_one_slot_as_the_scheduler_counts() {
+    let cluster = MemoryCluster::new();
+    let node = Node::start(2, cluster.clone(), None).await;
+    let a = node.uuids[0].clone();
+    let mut client = node.client().await;
+    cluster.put_pod(
+        NODE,
+        bound_pod("other", &["app"], &format!("{a},NVIDIA,1000,10:;")),
+    );
+    client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap();
+    // One slot left: the init container's and the app container's slices
+    // count as one (the init container finishes before the app starts).
+    let devices = format!("{a},NVIDIA,2000,20:;{a},NVIDIA,1000,10:;");
+    cluster.put_pod(NODE, bound_pod("train", &["init", "app"], &devices));
+    for id in ["1", "1"] {
+        client
+            .allocate(allocate_request(&[format!("{a}-{id}")]))
+            .await
+            .unwrap();
+    }
+    let train = cluster.pod("ns", "train").unwrap();
+    assert_eq!(train.annotation(keys::BIND_PHASE), Some("success"));
+    // The GPU is now full: a third pod is refused.
+    cluster.put_pod(
+        NODE,
+        bound_pod("third", &["app"], &format!("{a},NVIDIA,10,1:;")),
+    );
+    let err = client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        tonic::Code::ResourceExhausted,
+        "{}",
+        err.message()
+    );
+    node.stop().await;
 }

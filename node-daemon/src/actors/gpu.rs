@@ -136,6 +136,7 @@ mod tests {
                     slice: Slice {
                         memory_mib: 100,
                         cores: 5,
+                        init: false,
                     },
                 })
             })

@@ -52,8 +52,12 @@ pub fn pod_view(pod: &Pod) -> PodView {
     let spec = pod.spec.as_ref();
     let containers = spec
         .into_iter()
-        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
-        .map(|c| ContainerView {
+        .flat_map(|s| {
+            let init = s.init_containers.iter().flatten().map(|c| (c, true));
+            init.chain(s.containers.iter().map(|c| (c, false)))
+        })
+        .map(|(c, init)| ContainerView {
+            init,
             name: c.name.clone(),
             cuda_disable_control: proto::hami::container_contract::cuda_disable_control_requested(
                 c.env
@@ -227,6 +231,8 @@ mod tests {
         assert_eq!(names, ["init", "app", "side"]);
         assert!(view.containers[1].cuda_disable_control);
         assert!(!view.containers[2].cuda_disable_control);
+        let init: Vec<bool> = view.containers.iter().map(|c| c.init).collect();
+        assert_eq!(init, [true, false, false]);
         assert!(view.terminating);
         assert_eq!((view.uid.as_str(), view.phase.as_str()), ("u1", "Pending"));
         assert_eq!(view.annotation("a"), Some("b"));

@@ -41,6 +41,8 @@ pub struct ContainerView {
     pub name: String,
     /// Its env asks HAMi-core control off (`CUDA_DISABLE_CONTROL=true`).
     pub cuda_disable_control: bool,
+    /// An init container.
+    pub init: bool,
 }
 
 impl PodView {
