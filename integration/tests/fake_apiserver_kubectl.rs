@@ -291,3 +291,22 @@ fn real_kubectl_gets_describes_annotates_and_watches_the_binary() {
     let status = done_rx.recv_timeout(DEADLINE).unwrap().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn the_binary_explains_itself_and_rejects_bad_flags_with_64() {
+    let help = Command::new(env!("CARGO_BIN_EXE_fake-apiserver"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        text.contains("--listen") && text.contains("--kubeconfig-out"),
+        "{text}"
+    );
+    let bad = Command::new(env!("CARGO_BIN_EXE_fake-apiserver"))
+        .args(["--listen", "not-an-address"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(64));
+}
