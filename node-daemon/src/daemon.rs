@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use crate::actors::gpu::GpuActor;
 use crate::actors::health::{HealthActor, Inventory};
 use crate::actors::kubelet::{Allocator, ContractSettings, KubeletActor, pod_names};
+use crate::actors::pod_watch::PodWatch;
 use crate::allocation::rebuild_holdings;
 use crate::cluster::{Cluster, ClusterError};
 use crate::devices::simulated::SimulatedDevices;
@@ -205,6 +206,7 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     let gpu_actors = Arc::new(start_gpu_actors(&node, &gpus, &pods));
     let (inventory_tx, inventory) = watch::channel::<Inventory>(Arc::new(gpus));
     let _health = HealthActor::start_on(inventory_tx, devices.health_events()?);
+    let _pod_watch = PodWatch::start_on(Arc::clone(&gpu_actors), cluster.pod_changes(&node));
     let (names_tx, names) = watch::channel(pod_names(&pods));
     let metrics = match settings.metrics_bind_address {
         Some(address) => {

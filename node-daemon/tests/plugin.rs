@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use node_daemon::cluster::memory::{ClusterState, MemoryCluster};
-use node_daemon::cluster::{AnnotationPatch, Cluster, ClusterError, ContainerView, PodView};
+use node_daemon::cluster::{
+    AnnotationPatch, Cluster, ClusterError, ContainerView, PodChange, PodView,
+};
 use node_daemon::daemon::{Daemon, run};
 use node_daemon::devices::DeviceSource as _;
 use node_daemon::devices::simulated::{HealthSwitch, SimulatedDevices};
@@ -698,6 +700,10 @@ impl Cluster for GatedCluster {
     ) -> BoxFuture<'a, Result<(), ClusterError>> {
         self.inner.set_node_annotation(node, key, value)
     }
+
+    fn pod_changes(&self, node: &str) -> futures::stream::BoxStream<'static, PodChange> {
+        self.inner.pod_changes(node)
+    }
 }
 
 #[actix::test]
@@ -789,5 +795,42 @@ async fn an_init_and_an_app_container_take_one_slot_as_the_scheduler_counts() {
         "{}",
         err.message()
     );
+    node.stop().await;
+}
+
+#[actix::test]
+async fn a_deleted_pod_frees_its_slices_without_waiting_for_an_allocate() {
+    let cluster = MemoryCluster::new();
+    let metrics = free_port();
+    let api = Arc::new(cluster.clone());
+    let node = Node::start_with(2, cluster.clone(), api, None, Some(metrics)).await;
+    let a = node.uuids[0].clone();
+    let pod = bound_pod("short", &["app"], &format!("{a},NVIDIA,1000,10:;"));
+    let uid = pod.uid.clone();
+    cluster.put_pod(NODE, pod);
+    let mut client = node.client().await;
+    client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap();
+    let shared = format!("hami_gpu_shared_count{{node=\"{NODE}\",device_uuid=\"{a}\"");
+    let count = |text: &str| -> Option<String> {
+        text.lines()
+            .find(|l| l.starts_with(&shared))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        count(&http_get(metrics, "/metrics").await).as_deref(),
+        Some("1.0")
+    );
+
+    cluster.delete_pod(&uid);
+    within("the slice to be freed", async {
+        while count(&http_get(metrics, "/metrics").await).as_deref() != Some("0.0") {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     node.stop().await;
 }

@@ -28,6 +28,14 @@ pub struct ReleaseSlice {
     pub key: SliceKey,
 }
 
+/// Frees every slice of one pod (it was deleted or finished); answers how many.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "usize")]
+pub struct ReleasePod {
+    /// The pod's UID.
+    pub pod_uid: String,
+}
+
 /// Frees the slices of every pod not in `live`; answers how many.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "usize")]
@@ -98,6 +106,18 @@ impl Handler<ReleasePodsExcept> for GpuActor {
         let freed = self.ledger.release_pods_except(&msg.live);
         if freed > 0 {
             info!(gpu = %self.uuid, freed, "released slices of pods gone from the node");
+        }
+        freed
+    }
+}
+
+impl Handler<ReleasePod> for GpuActor {
+    type Result = usize;
+
+    fn handle(&mut self, msg: ReleasePod, _: &mut Self::Context) -> Self::Result {
+        let freed = self.ledger.release_pod(&msg.pod_uid);
+        if freed > 0 {
+            info!(gpu = %self.uuid, pod_uid = %msg.pod_uid, freed, "released the slices of a pod gone from the node");
         }
         freed
     }

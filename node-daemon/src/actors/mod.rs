@@ -12,8 +12,10 @@
 //! Each actor is a shell: [`gpu::GpuActor`] makes one ledger call per
 //! message, [`kubelet::KubeletActor`] runs the pure decisions of
 //! `allocation` with I/O around them, [`health::HealthActor`] folds health
-//! events into the inventory snapshot.
+//! events into the inventory snapshot, [`pod_watch::PodWatch`] frees the
+//! slices of pods that leave the node.
 
 pub mod gpu;
 pub mod health;
 pub mod kubelet;
+pub mod pod_watch;

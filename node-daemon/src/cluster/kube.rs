@@ -2,8 +2,9 @@
 //! selector, merge patches for annotations, and a node-lock release guarded
 //! by the node's `resourceVersion` (retried on 409 Conflict).
 
-use futures::FutureExt as _;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -11,7 +12,9 @@ use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
 use serde_json::{Map, Value, json};
 
-use super::{AnnotationPatch, Cluster, ClusterError, ContainerView, PodView, lock_releasable_by};
+use super::{
+    AnnotationPatch, Cluster, ClusterError, ContainerView, PodChange, PodView, lock_releasable_by,
+};
 
 /// How many times a conflicting lock release is retried.
 const CONFLICT_RETRIES: usize = 5;
@@ -204,6 +207,43 @@ impl Cluster for KubeCluster {
             Ok(())
         }
         .boxed()
+    }
+
+    fn pod_changes(&self, node: &str) -> BoxStream<'static, PodChange> {
+        use kube::runtime::WatchStreamExt as _;
+        use kube::runtime::watcher::{self, Event};
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let mut listing = std::collections::BTreeSet::new();
+        watcher::watcher(api, config)
+            .default_backoff()
+            .filter_map(move |event| {
+                let change = match event {
+                    Ok(Event::Delete(pod)) => pod.metadata.uid.map(PodChange::Gone),
+                    Ok(Event::Apply(pod)) => {
+                        let view = pod_view(&pod);
+                        view.is_terminal().then_some(PodChange::Gone(view.uid))
+                    }
+                    Ok(Event::Init) => {
+                        listing.clear();
+                        None
+                    }
+                    Ok(Event::InitApply(pod)) => {
+                        let view = pod_view(&pod);
+                        if !view.is_terminal() {
+                            listing.insert(view.uid);
+                        }
+                        None
+                    }
+                    Ok(Event::InitDone) => Some(PodChange::Live(std::mem::take(&mut listing))),
+                    Err(error) => {
+                        tracing::warn!(%error, "pod watch error; retrying");
+                        None
+                    }
+                };
+                futures::future::ready(change)
+            })
+            .boxed()
     }
 }
 

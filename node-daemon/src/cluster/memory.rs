@@ -6,13 +6,14 @@
 
 use std::collections::BTreeMap;
 
-use futures::FutureExt as _;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{FutureExt as _, StreamExt as _};
 use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
 use tokio::sync::watch;
 
-use super::{AnnotationPatch, Cluster, ClusterError, PodView, lock_releasable_by};
+use super::{AnnotationPatch, Cluster, ClusterError, PodChange, PodView, lock_releasable_by};
 
 /// Everything a [`MemoryCluster`] holds.
 #[derive(Debug, Clone, Default)]
@@ -178,6 +179,27 @@ impl Cluster for MemoryCluster {
             released
         });
         futures::future::ready(Ok(released)).boxed()
+    }
+
+    /// Every change of the state yields the live pods of `node` as a
+    /// complete list.
+    fn pod_changes(&self, node: &str) -> BoxStream<'static, PodChange> {
+        let node = node.to_owned();
+        futures::stream::unfold(self.state.subscribe(), move |mut rx| {
+            let node = node.clone();
+            async move {
+                rx.changed().await.ok()?;
+                let live = rx
+                    .borrow_and_update()
+                    .pods
+                    .iter()
+                    .filter(|(n, p)| *n == node && !p.is_terminal())
+                    .map(|(_, p)| p.uid.clone())
+                    .collect();
+                Some((PodChange::Live(live), rx))
+            }
+        })
+        .boxed()
     }
 
     fn set_node_annotation<'a>(

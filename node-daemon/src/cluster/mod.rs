@@ -12,6 +12,7 @@ pub mod memory;
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use proto::hami::node_lock::LockOwner;
 
 /// What the daemon needs to know about one pod.
@@ -63,6 +64,15 @@ impl PodView {
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(String::as_str)
     }
+}
+
+/// A change of the set of pods that may hold slices on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodChange {
+    /// The pod was deleted or finished: its slices are free.
+    Gone(String),
+    /// A complete list (after a (re)list): every pod UID not in it is gone.
+    Live(std::collections::BTreeSet<String>),
 }
 
 /// Annotation changes of one merge patch: `Some` sets, `None` removes.
@@ -127,6 +137,10 @@ pub trait Cluster: Send + Sync + 'static {
         key: &'a str,
         value: String,
     ) -> BoxFuture<'a, Result<(), ClusterError>>;
+
+    /// Pods of `node` going away, from now on (a watch; errors are retried
+    /// inside the stream).
+    fn pod_changes(&self, node: &str) -> BoxStream<'static, PodChange>;
 }
 
 /// Whether the lock value `raw` may be released by `owner`: it parses and
