@@ -17,6 +17,10 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once at startup; boxing would only complicate clap's derive"
+)]
 enum Command {
     /// Serve the mutating webhook and the extender (/webhook, /filter, /bind).
     Serve {
