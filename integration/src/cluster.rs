@@ -27,6 +27,7 @@ use crate::fake_kubelet::node::{NodeAgent, NodeConfig};
 use crate::fake_kubelet::{Config as KubeletConfig, FakeKubelet};
 use crate::fake_scheduler::FakeScheduler;
 use crate::fake_scheduler::config::{ExtenderConfig, SchedulerConfig};
+use node_daemon::devices::simulated::{HealthSwitch, SimulatedDevices, simulated_uuid};
 
 /// Scheduler name every GPU pod is routed to.
 pub const SCHEDULER_NAME: &str = "gpuslice-scheduler";
@@ -131,6 +132,34 @@ pub struct NodeHandle {
     pub kubelet: FakeKubelet,
     agent: Option<NodeAgent>,
     daemon: Service,
+    health: HealthSwitch,
+}
+
+impl NodeHandle {
+    /// The UUID of the node's simulated GPU `index` (stable across daemon
+    /// restarts).
+    #[must_use]
+    pub fn gpu_uuid(&self, index: u32) -> String {
+        simulated_uuid(&self.name, index)
+    }
+
+    /// Reports the simulated GPU `uuid` healthy or not to the running
+    /// node-daemon (as NVML's health events would); returns whether the
+    /// daemon was listening.
+    pub fn set_gpu_health(&self, uuid: &str, healthy: bool) -> bool {
+        self.health.set(uuid, healthy)
+    }
+}
+
+/// The kubelet's node settings for node `name` of `spec`.
+fn node_config(spec: &ClusterSpec, name: &str) -> NodeConfig {
+    let names = proto::hami::resources::ResourceNames::default();
+    NodeConfig {
+        resources: vec![names.resource_name],
+        cpu: spec.node_cpu.clone(),
+        memory: spec.node_memory.clone(),
+        ..NodeConfig::new(name)
+    }
 }
 
 /// A running cluster; [`Cluster::shutdown`] stops everything and removes
@@ -234,7 +263,8 @@ fn start_node_daemon(
     kubeconfig: &Path,
     name: &str,
     dir: &Path,
-) -> Result<Service, ClusterError> {
+) -> Result<(Service, HealthSwitch), ClusterError> {
+    use node_daemon::daemon::{Daemon, kube_client, run};
     use node_daemon::settings::{DeviceSourceKind, Settings};
 
     let settings = Settings {
@@ -252,6 +282,10 @@ fn start_node_daemon(
     }
     .finish(None)
     .map_err(|e| start_err(format!("node-daemon {name}"), e))?;
+    // The simulated source is built here, not inside the daemon, so tests
+    // keep its health switch.
+    let devices = SimulatedDevices::from_settings(&settings, name);
+    let health = devices.health_switch();
     let (stop, stopped) = oneshot::channel::<()>();
     let (started_tx, started_rx) = std_mpsc::channel::<Result<(), String>>();
     let thread = std::thread::Builder::new()
@@ -271,19 +305,33 @@ fn start_node_daemon(
             let system = actix::System::with_tokio_rt(move || runtime);
             let _ = started_tx.send(Ok(()));
             system
-                .block_on(node_daemon::daemon::run_from_settings(settings, async {
-                    let _ = stopped.await;
-                }))
+                .block_on(async move {
+                    let client = kube_client(&settings).await?;
+                    let daemon = Daemon {
+                        settings,
+                        devices: std::sync::Arc::new(devices),
+                        cluster: std::sync::Arc::new(node_daemon::cluster::kube::KubeCluster::new(
+                            client,
+                        )),
+                    };
+                    run(daemon, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                })
                 .map_err(|e| e.to_string())
         })?;
     started_rx
         .recv()
         .map_err(|_| start_err(format!("node-daemon {name}"), "thread exited early"))?
         .map_err(|e| start_err(format!("node-daemon {name}"), e))?;
-    Ok(Service {
-        stop: Some(stop),
-        thread: Some(thread),
-    })
+    Ok((
+        Service {
+            stop: Some(stop),
+            thread: Some(thread),
+        },
+        health,
+    ))
 }
 
 impl Cluster {
@@ -339,16 +387,10 @@ impl Cluster {
             })
             .await
             .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
-            let node_config = NodeConfig {
-                resources: vec![names.resource_name.clone()],
-                cpu: spec.node_cpu.clone(),
-                memory: spec.node_memory.clone(),
-                ..NodeConfig::new(name.clone())
-            };
-            let agent = NodeAgent::start(&kubelet, client.clone(), node_config)
+            let agent = NodeAgent::start(&kubelet, client.clone(), node_config(&spec, &name))
                 .await
                 .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
-            let daemon =
+            let (daemon, health) =
                 start_node_daemon(&spec, &kubeconfig, &name, &node_dir.join("device-plugins"))?;
             nodes.push(NodeHandle {
                 name,
@@ -356,6 +398,7 @@ impl Cluster {
                 kubelet,
                 agent: Some(agent),
                 daemon,
+                health,
             });
         }
         Ok(Self {
@@ -487,12 +530,51 @@ impl Cluster {
         node.daemon
             .stop()
             .map_err(|e| start_err(format!("node-daemon {}", node.name), e))?;
-        node.daemon = start_node_daemon(
+        (node.daemon, node.health) = start_node_daemon(
             &spec,
             &kubeconfig,
             &node.name,
             &node.dir.join("device-plugins"),
         )?;
+        Ok(())
+    }
+
+    /// Stops node `i`'s kubelet from seeing its pods: pods bound to the node
+    /// are neither admitted (no Allocate) nor given a status until
+    /// [`Cluster::resume_node_agent`], like a kubelet that is slow or cut
+    /// off from the API server. Its device-plugin side keeps running.
+    ///
+    /// # Errors
+    /// There is no node `i`.
+    pub async fn pause_node_agent(&mut self, i: usize) -> Result<(), ClusterError> {
+        let node = self
+            .nodes
+            .get_mut(i)
+            .ok_or_else(|| start_err("fake-kubelet", format!("no node {i}")))?;
+        if let Some(agent) = node.agent.take() {
+            agent.shutdown().await;
+        }
+        Ok(())
+    }
+
+    /// Starts node `i`'s kubelet pod sync again (a no-op if it runs): it
+    /// lists the node's pods and admits those not admitted yet.
+    ///
+    /// # Errors
+    /// There is no node `i`, or the node cannot be registered.
+    pub async fn resume_node_agent(&mut self, i: usize) -> Result<(), ClusterError> {
+        let client = self.client().await?;
+        let spec = self.spec.clone();
+        let node = self
+            .nodes
+            .get_mut(i)
+            .ok_or_else(|| start_err("fake-kubelet", format!("no node {i}")))?;
+        if node.agent.is_none() {
+            let agent = NodeAgent::start(&node.kubelet, client, node_config(&spec, &node.name))
+                .await
+                .map_err(|e| start_err(format!("fake-kubelet {}", node.name), e))?;
+            node.agent = Some(agent);
+        }
         Ok(())
     }
 
