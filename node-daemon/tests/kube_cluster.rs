@@ -32,6 +32,8 @@ struct ApiState {
     /// Bump the node's resourceVersion once right before the next PATCH,
     /// as a concurrent writer would.
     race_next_patch: bool,
+    /// `(method, path, status)`: fail the next matching request once.
+    fail_once: Vec<(&'static str, &'static str, u16)>,
 }
 
 fn merge(target: &mut Value, patch: &Value) {
@@ -71,7 +73,19 @@ async fn handle(
     let mut s = state.lock().await;
     let target = parts.uri.path_and_query().unwrap().as_str().to_owned();
     s.log.push(format!("{} {target}", parts.method));
-    let path = parts.uri.path();
+    let path = parts.uri.path().to_owned();
+    let path = path.as_str();
+    if let Some(i) = s
+        .fail_once
+        .iter()
+        .position(|(m, p, _)| *m == parts.method.as_str() && *p == path)
+    {
+        let (_, _, code) = s.fail_once.remove(i);
+        return reply(
+            StatusCode::from_u16(code).unwrap(),
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "message": "injected"}),
+        );
+    }
     match (parts.method.as_str(), path) {
         ("GET", "/api/v1/pods") => {
             let items = s.pods.clone();
@@ -259,4 +273,50 @@ async fn a_missing_node_is_not_found() {
     let (cluster, _) = stand_in("x");
     let err = cluster.node_lock("nope").await.unwrap_err();
     assert!(err.to_string().contains("node nope not found"), "{err}");
+}
+
+#[tokio::test]
+async fn transient_server_errors_are_retried() {
+    let (cluster, state) = stand_in("2025-10-20T03:07:02Z,ns,p");
+    state.lock().await.fail_once = vec![
+        ("PATCH", "/api/v1/namespaces/ns/pods/p", 500),
+        ("PATCH", "/api/v1/nodes/n1", 503),
+        ("GET", "/api/v1/pods", 500),
+    ];
+    let patch: AnnotationPatch = [(keys::BIND_PHASE.to_owned(), Some("success".to_owned()))]
+        .into_iter()
+        .collect();
+    cluster
+        .patch_pod_annotations("ns", "p", patch)
+        .await
+        .unwrap();
+    assert!(cluster.release_node_lock("n1", &owner("p")).await.unwrap());
+    assert_eq!(cluster.pods_on_node("n1").await.unwrap().len(), 1);
+    let s = state.lock().await;
+    assert!(s.fail_once.is_empty());
+    assert_eq!(
+        s.pods[0]["metadata"]["annotations"][keys::BIND_PHASE],
+        "success"
+    );
+    assert!(
+        s.node["metadata"]["annotations"]
+            .get(keys::NODE_LOCK)
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_client_error_is_not_retried() {
+    let (cluster, state) = stand_in("x");
+    state.lock().await.fail_once = vec![("PATCH", "/api/v1/namespaces/ns/pods/p", 422)];
+    let patch: AnnotationPatch = [(keys::BIND_PHASE.to_owned(), Some("success".to_owned()))]
+        .into_iter()
+        .collect();
+    let err = cluster
+        .patch_pod_annotations("ns", "p", patch)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("patch pod ns/p"), "{err}");
+    let s = state.lock().await;
+    assert_eq!(s.log.iter().filter(|l| l.starts_with("PATCH")).count(), 1);
 }

@@ -18,6 +18,10 @@ use super::{
 
 /// How many times a conflicting lock release is retried.
 const CONFLICT_RETRIES: usize = 5;
+/// Attempts of one request that fails transiently (5xx, 429, connection).
+const TRANSIENT_ATTEMPTS: u32 = 5;
+/// First pause after a transient failure; doubles each time (50 ms … 400 ms).
+const TRANSIENT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The Kubernetes API through kube-rs.
 #[derive(Clone)]
@@ -46,6 +50,41 @@ fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterE
 
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 409)
+}
+
+/// A failure worth retrying: the server was briefly unavailable or
+/// overloaded, or the connection broke. With `conflicts`, a 409 too (for
+/// merge patches without a precondition, which are idempotent here).
+fn is_transient(e: &kube::Error, conflicts: bool) -> bool {
+    match e {
+        kube::Error::Api(status) => {
+            status.code >= 500 || status.code == 429 || (conflicts && status.code == 409)
+        }
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs `request` until it succeeds, fails for good, or has failed
+/// transiently [`TRANSIENT_ATTEMPTS`] times.
+async fn retrying<T, F, Fut>(what: &str, conflicts: bool, mut request: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut pause = TRANSIENT_BACKOFF;
+    let mut attempt = 1;
+    loop {
+        match request().await {
+            Err(error) if attempt < TRANSIENT_ATTEMPTS && is_transient(&error, conflicts) => {
+                tracing::warn!(%error, attempt, "{what}: transient API error; retrying");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// The daemon's view of a pod object.
@@ -101,10 +140,10 @@ impl Cluster for KubeCluster {
         async move {
             let api: Api<Pod> = Api::all(self.client.clone());
             let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
-            let list = api
-                .list(&params)
+            let what = format!("list pods on node {node}");
+            let list = retrying(&what, false, || api.list(&params))
                 .await
-                .map_err(kube_error(format!("list pods on node {node}")))?;
+                .map_err(kube_error(what))?;
             Ok(list.items.iter().map(pod_view).collect())
         }
         .boxed()
@@ -116,10 +155,10 @@ impl Cluster for KubeCluster {
     ) -> BoxFuture<'a, Result<Option<String>, ClusterError>> {
         async move {
             let api: Api<Node> = Api::all(self.client.clone());
-            let found = api
-                .get_opt(node)
+            let what = format!("get node {node}");
+            let found = retrying(&what, false, || api.get_opt(node))
                 .await
-                .map_err(kube_error(format!("get node {node}")))?
+                .map_err(kube_error(what))?
                 .ok_or_else(|| ClusterError::NotFound(format!("node {node}")))?;
             Ok(found
                 .metadata
@@ -137,13 +176,12 @@ impl Cluster for KubeCluster {
     ) -> BoxFuture<'a, Result<(), ClusterError>> {
         async move {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-            api.patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(annotations_patch(&patch)),
-            )
-            .await
-            .map_err(kube_error(format!("patch pod {namespace}/{name}")))?;
+            let body = Patch::Merge(annotations_patch(&patch));
+            let params = PatchParams::default();
+            let what = format!("patch pod {namespace}/{name}");
+            retrying(&what, true, || api.patch(name, &params, &body))
+                .await
+                .map_err(kube_error(what))?;
             Ok(())
         }
         .boxed()
@@ -157,10 +195,10 @@ impl Cluster for KubeCluster {
         async move {
             let api: Api<Node> = Api::all(self.client.clone());
             for _ in 0..CONFLICT_RETRIES {
-                let Some(found) = api
-                    .get_opt(node)
+                let what = format!("get node {node}");
+                let Some(found) = retrying(&what, false, || api.get_opt(node))
                     .await
-                    .map_err(kube_error(format!("get node {node}")))?
+                    .map_err(kube_error(what))?
                 else {
                     return Err(ClusterError::NotFound(format!("node {node}")));
                 };
@@ -176,10 +214,10 @@ impl Cluster for KubeCluster {
                     "resourceVersion": found.metadata.resource_version,
                     "annotations": { keys::NODE_LOCK: null },
                 }});
-                match api
-                    .patch(node, &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                {
+                let body = Patch::Merge(patch);
+                let params = PatchParams::default();
+                let what = format!("release lock of node {node}");
+                match retrying(&what, false, || api.patch(node, &params, &body)).await {
                     Ok(_) => return Ok(true),
                     Err(e) if is_conflict(&e) => {}
                     Err(e) => return Err(kube_error(format!("release lock of node {node}"))(e)),
@@ -200,10 +238,12 @@ impl Cluster for KubeCluster {
     ) -> BoxFuture<'a, Result<(), ClusterError>> {
         async move {
             let api: Api<Node> = Api::all(self.client.clone());
-            let patch = json!({ "metadata": { "annotations": { key: value } } });
-            api.patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            let body = Patch::Merge(json!({ "metadata": { "annotations": { key: value } } }));
+            let params = PatchParams::default();
+            let what = format!("annotate node {node}");
+            retrying(&what, true, || api.patch(node, &params, &body))
                 .await
-                .map_err(kube_error(format!("annotate node {node}")))?;
+                .map_err(kube_error(what))?;
             Ok(())
         }
         .boxed()
