@@ -23,7 +23,7 @@ use crate::core::fit::{FitFailure, PodPicks, fit_pod};
 use crate::core::model::{Cluster, Node, NodeId};
 use crate::core::request::PodRequest;
 use crate::core::rng::{SplitMix64, TieBreak};
-use crate::core::score::{ScoringWeights, gpu_order, node_score};
+use crate::core::score::{ScoringWeights, gpu_order_into, node_score};
 
 /// Errors reading a policy name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -287,6 +287,7 @@ pub fn schedule(
     let mut failed = Vec::new();
     let mut best: Option<((f64, f64), NodeId, PodPicks)> = None;
     let mut ties = TieBreak::default();
+    let (mut order, mut scores) = (Vec::new(), Vec::new());
     for id in candidates {
         let Some(node) = cluster.node(id) else {
             continue;
@@ -294,7 +295,7 @@ pub fn schedule(
         // (key, secondary key): higher wins; equal keys break by seed.
         let placed = match policy {
             Policy::Binpack | Policy::Spread => {
-                let order = gpu_order(node, req, gpu_policy, &cfg.weights);
+                gpu_order_into(node, req, gpu_policy, &cfg.weights, &mut order, &mut scores);
                 fit_pod(node, req, &order).map(|p| {
                     let s = node_score(node);
                     ((if policy == Policy::Binpack { s } else { -s }, 0.0), p)
@@ -314,7 +315,14 @@ pub fn schedule(
                 let Some(index) = fgd else {
                     return Err(ScheduleError::MissingFgdIndex);
                 };
-                let order = gpu_order(node, req, GpuPolicy::Binpack, &cfg.weights);
+                gpu_order_into(
+                    node,
+                    req,
+                    GpuPolicy::Binpack,
+                    &cfg.weights,
+                    &mut order,
+                    &mut scores,
+                );
                 // Equal fragmentation growth: a GPU pod goes to the fuller
                 // node (HAMi binpack score), keeping empty nodes whole; a
                 // CPU-only pod goes where CPU is least needed by idle GPUs.

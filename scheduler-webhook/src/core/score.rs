@@ -94,11 +94,27 @@ pub fn gpu_order(
     policy: GpuPolicy,
     w: &ScoringWeights,
 ) -> Vec<usize> {
-    let scores: Vec<f64> = (0..node.gpus.len())
-        .map(|p| gpu_score(node, p, req, w))
-        .collect();
-    let mut order: Vec<usize> = (0..node.gpus.len()).collect();
+    let mut order = Vec::new();
+    gpu_order_into(node, req, policy, w, &mut order, &mut Vec::new());
+    order
+}
+
+/// [`gpu_order`] into caller-owned buffers, so scanning thousands of nodes
+/// allocates nothing per node.
+pub fn gpu_order_into(
+    node: &Node,
+    req: &PodRequest,
+    policy: GpuPolicy,
+    w: &ScoringWeights,
+    order: &mut Vec<usize>,
+    scores: &mut Vec<f64>,
+) {
+    scores.clear();
+    scores.extend((0..node.gpus.len()).map(|p| gpu_score(node, p, req, w)));
+    order.clear();
+    order.extend(0..node.gpus.len());
     let numa_bind = req.constraints.numa_bind;
+    let scores = &*scores;
     order.sort_by(|&a, &b| {
         let (ga, gb) = (&node.gpus[a], &node.gpus[b]);
         let group = if numa_bind {
@@ -115,7 +131,6 @@ pub fn gpu_order(
             .then(ga.numa.cmp(&gb.numa))
             .then(ga.index.cmp(&gb.index))
     });
-    order
 }
 
 #[cfg(test)]
