@@ -397,7 +397,7 @@ async fn extender(nodes: usize, decisions: usize) -> anyhow::Result<Vec<Row>> {
         .env("RUST_LOG", "warn")
         .stderr(std::process::Stdio::null())
         .spawn()?;
-    let result = measure_extender(port, &node_objects, &candidates, child.id()).await;
+    let result = measure_extender(&client, port, &node_objects, &candidates, child.id()).await;
     let _ = child.kill();
     let _ = child.wait();
     api.shutdown().await;
@@ -456,7 +456,24 @@ type Measured = (
     Duration,
 );
 
+/// What the node's device plugin does after Allocate: mark the pod allocated
+/// and release the node lock (not timed: the extender is what is measured).
+async fn play_device_plugin(client: &kube::Client, pod: &str, node: &str) -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let done = json!({"metadata": {"annotations": {"hami.io/bind-phase": "success", "hami.io/vgpu-devices-to-allocate": ";"}}});
+    pods.patch(pod, &PatchParams::default(), &Patch::Merge(&done))
+        .await?;
+    let unlock = json!({"metadata": {"annotations": {"hami.io/mutex.lock": null}}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&unlock))
+        .await?;
+    Ok(())
+}
+
 async fn measure_extender(
+    client: &kube::Client,
     port: u16,
     nodes: &[Node],
     pods: &[Pod],
@@ -492,15 +509,17 @@ async fn measure_extender(
             .and_then(|n| n.into_iter().next())
             .ok_or_else(|| anyhow::anyhow!("filter placed nothing"))?;
         let t = Instant::now();
+        let name = pod.metadata.name.clone().unwrap_or_default();
         extender
             .bind(&ExtenderBindingArgs {
-                pod_name: pod.metadata.name.clone().unwrap_or_default(),
+                pod_name: name.clone(),
                 pod_namespace: "default".to_owned(),
                 pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
-                node,
+                node: node.clone(),
             })
             .await?;
         binds.push(t.elapsed());
+        play_device_plugin(client, &name, &node).await?;
     }
     filters.sort();
     binds.sort();
