@@ -546,7 +546,7 @@ async fn api_faults_on_bindings_locks_and_watches_during_a_burst_settle_clean() 
 /// patches (scheduler, node-daemon and kubelet all patch pods), 500s on
 /// `pods/binding`, 409s and 500s on node patches, watches cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: one 500 on node-daemon's post-Allocate patch fails the pod and leaves its lock held; fake kubelet drops outcomes whose write fails"]
+#[ignore = "bug: fake kubelet drops an admission outcome whose pod write fails (no retry); the pod stays Pending"]
 async fn api_faults_on_pod_patches_during_a_burst_settle_clean() {
     let cluster = start(1, 4).await;
     let api = &cluster.api;
@@ -599,7 +599,6 @@ async fn admit_with_fault(cluster: &mut Cluster, pod: &str, fault: FaultSpec) {
 /// `vgpu-devices-to-allocate`, `bind-phase=success`) is transient: the pod
 /// still runs, and the node is not left locked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: node-daemon fails Allocate on one transient 500 of its pod patch (no retry); the pod is rejected"]
 async fn a_transient_api_error_after_allocate_does_not_fail_the_pod() {
     let mut cluster = start(1, 2).await;
     // Only node-daemon patches the pod itself between bind and the
