@@ -546,7 +546,6 @@ async fn api_faults_on_bindings_locks_and_watches_during_a_burst_settle_clean() 
 /// patches (scheduler, node-daemon and kubelet all patch pods), 500s on
 /// `pods/binding`, 409s and 500s on node patches, watches cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: fake kubelet drops an admission outcome whose pod write fails (no retry); the pod stays Pending"]
 async fn api_faults_on_pod_patches_during_a_burst_settle_clean() {
     let cluster = start(1, 4).await;
     let api = &cluster.api;
@@ -621,7 +620,6 @@ async fn a_transient_api_error_after_allocate_does_not_fail_the_pod() {
 /// One 500 on the kubelet's pod status write: kubelet retries its status
 /// sync, so the pod ends Running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: fake kubelet drops an admission outcome whose status write fails (no retry); the pod stays Pending"]
 async fn a_transient_api_error_on_the_kubelet_status_write_is_retried() {
     let mut cluster = start(1, 2).await;
     let fault = FaultSpec::fail(

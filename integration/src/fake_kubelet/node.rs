@@ -25,6 +25,10 @@ use super::admission::{self, PodIdentity};
 use super::record::{ALLOCATIONS_ANNOTATION, Outcome, PodAdmission};
 use super::{Admitter, FakeKubelet, NodeDevices};
 
+/// How many times an admission outcome write is tried (about two minutes
+/// with the capped backoff) before it is dropped with a warning.
+const OUTCOME_ATTEMPTS: u32 = 60;
+
 /// How long to wait before retrying a failed node status write.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -342,13 +346,27 @@ async fn write_outcomes(
     while let Some(rx) = results.recv().await {
         let Ok(admissions) = rx.await else { return };
         for admission in admissions {
-            if let Err(error) = write_outcome(&client, &node, &admission).await {
-                if matches!(&error, NodeError::Api { source: kube::Error::Api(s), .. } if s.code == 404)
-                {
-                    // Deleted while being admitted: nothing may keep its devices.
-                    let _ = admitter.remove_pod(&admission.uid).await;
-                } else {
-                    warn!(%error, pod = %admission.name, "writing the admission outcome failed");
+            // Like kubelet's status manager, keep trying until the write lands
+            // or the pod is gone; a dropped outcome would leave it Pending forever.
+            let mut pause = Duration::from_millis(100);
+            for attempt in 1.. {
+                match write_outcome(&client, &node, &admission).await {
+                    Ok(()) => break,
+                    Err(error) if matches!(&error, NodeError::Api { source: kube::Error::Api(s), .. } if s.code == 404) =>
+                    {
+                        // Deleted while being admitted: nothing may keep its devices.
+                        let _ = admitter.remove_pod(&admission.uid).await;
+                        break;
+                    }
+                    Err(error) if attempt >= OUTCOME_ATTEMPTS => {
+                        warn!(%error, pod = %admission.name, attempt, "writing the admission outcome failed; giving up");
+                        break;
+                    }
+                    Err(error) => {
+                        warn!(%error, pod = %admission.name, attempt, "writing the admission outcome failed; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
                 }
             }
         }
