@@ -13,7 +13,7 @@ ROOT="$(dirname "$HELM_DIR")"
 CHART="$HELM_DIR/gpuslice"
 KUBE_VERSION="${KUBE_VERSION:-1.33.0}"
 TOOLS="${GPUSLICE_CI_TOOLS:-$ROOT/target/ci-tools}"
-BIN_DIR="${GPUSLICE_BIN_DIR:-$ROOT/target/debug}"
+BIN_DIR="${GPUSLICE_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}"
 export PYTHONDONTWRITEBYTECODE=1
 OUT="$(mktemp -d)"; trap 'rm -rf "$OUT"' EXIT
 

@@ -253,7 +253,24 @@ async fn steady(window_secs: u64) -> anyhow::Result<Vec<Row>> {
         Duration::from_secs(300),
     )
     .await?;
-    // Let in-flight follow-ups (lock releases, handshakes) land, then count.
+    // The one-time writes after registration (the handshake's first
+    // `Requesting_` per node) must land before the quiet window starts.
+    wait_for_list(
+        Api::<Node>::all(cluster.client().await?),
+        watcher::Config::default(),
+        "handshakes",
+        Duration::from_secs(120),
+        |ns| {
+            ns.len() >= nodes
+                && ns.iter().all(|n| {
+                    n.metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key("hami.io/node-handshake"))
+                })
+        },
+    )
+    .await?;
     let before = cluster.api.stats().requests;
     let window = Duration::from_secs(window_secs);
     tokio::time::sleep(window).await; // measuring a quiet period is the point here
