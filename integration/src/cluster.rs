@@ -468,6 +468,22 @@ impl Cluster {
         Ok(())
     }
 
+    /// Runs the independent checker over what the API server shows now;
+    /// returns the report with the pods it looked at.
+    ///
+    /// # Errors
+    /// The list calls failed.
+    pub async fn check(&self) -> Result<(crate::checker::Report, Vec<Pod>), ClusterError> {
+        let client = self.client().await?;
+        let params = kube::api::ListParams::default();
+        let pods = Api::<Pod>::all(client.clone()).list(&params).await?.items;
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client)
+            .list(&params)
+            .await?
+            .items;
+        Ok((crate::checker::check(&pods, &nodes), pods))
+    }
+
     /// The fake scheduler's counters.
     #[must_use]
     pub fn scheduler_stats(&self) -> crate::fake_scheduler::Stats {

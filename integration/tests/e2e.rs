@@ -9,12 +9,9 @@
 
 use std::time::Duration;
 
-use integration::checker;
 use integration::cluster::{Cluster, ClusterSpec, SCHEDULER_NAME};
 use integration::harness::wait_for_pod;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -33,19 +30,9 @@ fn slice_pod(name: &str, mem: u32, cores: u32) -> Pod {
     .unwrap()
 }
 
-async fn check_clean(cluster: &Cluster) -> checker::Report {
-    let client = cluster.client().await.unwrap();
-    let pods = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    let nodes = Api::<Node>::all(client)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    let report = checker::check(&pods.items, &nodes.items);
+async fn check_clean(cluster: &Cluster) {
+    let (report, _) = cluster.check().await.unwrap();
     assert!(report.is_clean(), "checker: {report:#?}");
-    report
 }
 
 fn phase(pod: &Pod) -> Option<&str> {

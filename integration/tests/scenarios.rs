@@ -185,23 +185,13 @@ async fn create_all(cluster: &Cluster, pods: &[Pod]) -> Vec<String> {
     pods.iter().map(|p| name(p).to_owned()).collect()
 }
 
-/// Runs the checker over what the API server shows; `all_done`: every bound
-/// pod must have finished allocation (nothing left allocating).
+/// Runs the checker over what the API server shows; every finding fails.
 async fn check_clean(cluster: &Cluster) -> checker::Report {
-    let client = cluster.client().await.unwrap();
-    let pods = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    let nodes = Api::<Node>::all(client)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    let report = checker::check(&pods.items, &nodes.items);
+    let (report, pods) = cluster.check().await.unwrap();
     assert!(
         report.is_clean(),
         "checker: {report:#?}\n{}",
-        summary(&pods.items)
+        summary(&pods)
     );
     report
 }

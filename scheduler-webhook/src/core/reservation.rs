@@ -211,6 +211,26 @@ pub struct HostResources {
 // === impl Cluster ===
 
 impl Cluster {
+    /// What `devices` on `node` amount to for one pod.
+    fn usage_of(
+        &self,
+        node: NodeId,
+        devices: &PodDevices,
+        init_count: usize,
+        host: HostResources,
+        committed: bool,
+    ) -> Result<(&Node, PodUsage), ReservationError> {
+        let n = self.node(node).ok_or(ReservationError::UnknownNode(node))?;
+        let usage = PodUsage {
+            node,
+            gpus: pod_gpu_usage(n, devices, init_count)?,
+            cpu_milli: host.cpu_milli,
+            memory_mib: host.memory_mib,
+            committed,
+        };
+        Ok((n, usage))
+    }
+
     /// Reserves `devices` on `node` for the pod `uid`, replacing its earlier
     /// reservation (HAMi drops it at each Filter).
     ///
@@ -225,14 +245,7 @@ impl Cluster {
         init_count: usize,
         host: HostResources,
     ) -> Result<(), ReservationError> {
-        let n = self.node(node).ok_or(ReservationError::UnknownNode(node))?;
-        let new = PodUsage {
-            node,
-            gpus: pod_gpu_usage(n, devices, init_count)?,
-            cpu_milli: host.cpu_milli,
-            memory_mib: host.memory_mib,
-            committed: false,
-        };
+        let (n, new) = self.usage_of(node, devices, init_count, host, false)?;
         check_fits(n, self.ledger.pods.get(uid), &new)?;
         self.release(uid);
         self.insert(uid, new);
@@ -253,14 +266,7 @@ impl Cluster {
         init_count: usize,
         host: HostResources,
     ) -> Result<(), ReservationError> {
-        let n = self.node(node).ok_or(ReservationError::UnknownNode(node))?;
-        let usage = PodUsage {
-            node,
-            gpus: pod_gpu_usage(n, devices, init_count)?,
-            cpu_milli: host.cpu_milli,
-            memory_mib: host.memory_mib,
-            committed: true,
-        };
+        let (_, usage) = self.usage_of(node, devices, init_count, host, true)?;
         self.release(uid);
         self.insert(uid, usage);
         Ok(())
