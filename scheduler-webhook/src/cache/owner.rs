@@ -41,7 +41,7 @@ pub enum Command {
         /// The pod.
         pod: Box<Pod>,
         /// Candidate nodes.
-        candidates: Vec<String>,
+        candidates: std::sync::Arc<[String]>,
         /// Keep the reservation (false for a dry run).
         keep: bool,
         /// Where the answer goes.
@@ -93,7 +93,7 @@ impl ModelHandle {
     pub async fn filter(
         &self,
         pod: Pod,
-        candidates: Vec<String>,
+        candidates: std::sync::Arc<[String]>,
         keep: bool,
     ) -> Result<FilterOutcome, ModelGone> {
         let (reply, rx) = oneshot::channel();

@@ -72,10 +72,13 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
         reason,
         message,
     };
-    let candidates = args.candidates().to_vec();
+    let candidates: Arc<[String]> = args.candidates().into();
     // Node objects in the request mean a simulation: decide, keep nothing.
     let keep = args.nodes.is_none();
-    let outcome = state.model.filter(args.pod, candidates.clone(), keep).await;
+    let outcome = state
+        .model
+        .filter(args.pod, Arc::clone(&candidates), keep)
+        .await;
     let result_label = match &outcome {
         Err(_) => "error",
         Ok(FilterOutcome::NoGpuRequested) => "no_gpu",
@@ -90,7 +93,7 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
             ..ExtenderFilterResult::default()
         },
         Ok(FilterOutcome::NoGpuRequested) => ExtenderFilterResult {
-            node_names: Some(candidates),
+            node_names: Some(candidates.to_vec()),
             ..ExtenderFilterResult::default()
         },
         Ok(FilterOutcome::Placed {
