@@ -274,6 +274,69 @@ pub fn fit_container(
     Err(fail)
 }
 
+/// Whether fitting `req` can be decided without a GPU order: no numa-bind
+/// and at most one app container asking for GPUs. Then every GPU is checked
+/// against the node as it is (init containers each see the node before the
+/// pod, and the single GPU app container sees no earlier picks), so whether
+/// the pod fits, and the reasons when it does not, are the same on every
+/// order. [`check_pod`] answers it without building picks.
+#[must_use]
+pub fn order_independent(req: &PodRequest) -> bool {
+    !req.constraints.numa_bind && req.app.iter().filter(|r| r.is_some()).count() <= 1
+}
+
+/// [`fit_container`]'s verdict without the picks, for requests whose verdict
+/// does not depend on the order (see [`order_independent`]).
+fn check_container(node: &Node, req: &DeviceRequest, c: &Constraints) -> Result<(), FitFailure> {
+    let cards = node.gpus.len();
+    let nums = usize::try_from(req.nums).unwrap_or(usize::MAX);
+    if nums > cards {
+        return Err(FitFailure::single(Reason::NodeInsufficientDevice, cards));
+    }
+    let mut fail = FitFailure::new(cards);
+    let mut fits = 0;
+    for (gpu, used) in node.gpus.iter().zip(&node.usage) {
+        match check_gpu(gpu, used, req, c) {
+            Err(r) => fail.add(r, 1),
+            Ok(_) => {
+                fits += 1;
+                if fits == nums {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    if fits > 0 {
+        fail.add(Reason::AllocatedCardsInsufficientRequest, fits);
+    }
+    Err(fail)
+}
+
+/// Whether the pod fits the node, with [`fit_pod`]'s reasons when it does
+/// not, but without ordering GPUs or building picks: the scan a filter runs
+/// over thousands of nodes before it builds the picks of the one it chose.
+/// Equal to `fit_pod(node, req, order).map(|_| ())` for every order when
+/// [`order_independent`] holds; callers check that first.
+///
+/// # Errors
+/// The first failing container's reasons, or the node's CPU/memory
+/// shortage.
+pub fn check_pod(node: &Node, req: &PodRequest) -> Result<(), FitFailure> {
+    let cards = node.gpus.len();
+    if let Some((cpu, mem)) = node.free_cpu_memory() {
+        if req.cpu_milli > cpu {
+            return Err(FitFailure::single(Reason::InsufficientCpu, cards));
+        }
+        if req.memory_mib > mem {
+            return Err(FitFailure::single(Reason::InsufficientMemory, cards));
+        }
+    }
+    for r in req.init.iter().chain(&req.app).flatten() {
+        check_container(node, r, &req.constraints)?;
+    }
+    Ok(())
+}
+
 /// Adds picks to a usage vector.
 pub fn apply_picks(usage: &mut [GpuUse], picks: &[Pick]) {
     for p in picks {
@@ -629,5 +692,89 @@ mod tests {
         );
         r.memory_mib = 1000;
         assert!(fit_pod(&n, &r, &order(&n)).is_ok());
+    }
+
+    #[test]
+    fn order_independent_only_without_numa_bind_and_with_one_gpu_app_container() {
+        let mut r = PodRequest {
+            init: vec![Some(req(1, 1, 0)), Some(req(2, 1, 0))],
+            app: vec![None, Some(req(1, 1, 0)), None],
+            ..PodRequest::default()
+        };
+        assert!(order_independent(&r));
+        r.app.push(Some(req(1, 1, 0)));
+        assert!(!order_independent(&r));
+        r.app.pop();
+        r.constraints.numa_bind = true;
+        assert!(!order_independent(&r));
+    }
+
+    /// A GPU state and a request drawn so that every skip rule is reachable.
+    fn gpu_state() -> impl proptest::strategy::Strategy<Value = (bool, bool, u32, u64, u32, bool)> {
+        use proptest::prelude::*;
+        // health, cordoned, slots used (of 3), memory used (of 1000),
+        // cores used (of 100), T4 (else A100)
+        (
+            proptest::bool::weighted(0.9),
+            proptest::bool::weighted(0.1),
+            0u32..4,
+            0u64..1001,
+            prop_oneof![Just(0u32), Just(100u32), 0u32..101],
+            any::<bool>(),
+        )
+    }
+
+    fn device_request() -> impl proptest::strategy::Strategy<Value = DeviceRequest> {
+        use proptest::prelude::*;
+        (
+            1u32..5,
+            0u64..1100,
+            prop_oneof![Just(0u32), Just(100u32), 0u32..101],
+        )
+            .prop_map(|(nums, mem, cores)| req(nums, mem, cores))
+    }
+
+    proptest::proptest! {
+        /// `check_pod` is `fit_pod`'s verdict, reasons included, on every
+        /// GPU order, for every request it is used for.
+        #[test]
+        fn check_pod_is_fit_pods_verdict_on_any_order(
+            gpus in proptest::collection::vec(gpu_state(), 1..7),
+            init in proptest::collection::vec(proptest::option::of(device_request()), 0..3),
+            app in proptest::option::of(device_request()),
+            plain in 0usize..3,
+            types in proptest::collection::vec(proptest::sample::select(vec!["t4", "a100", "v100"]), 0..2),
+            nouse in proptest::collection::vec(proptest::sample::select(vec!["t4", "a100"]), 0..2),
+            cpu in 0u64..3000,
+            seed in 0u64..1000,
+        ) {
+            let mut n = mk_node("a", u32::try_from(gpus.len()).unwrap(), 3, 1000)
+                .with_capacity(NodeCapacity { cpu_milli: 2000, memory_mib: 1 << 20 });
+            for (pos, &(health, cordoned, used, usedmem, usedcores, t4)) in gpus.iter().enumerate() {
+                n.gpus[pos].health = health;
+                n.gpus[pos].cordoned = cordoned;
+                if !t4 {
+                    n.gpus[pos].device_type = "NVIDIA A100-SXM4-40GB".into();
+                }
+                n.usage[pos] = GpuUse { used, usedmem, usedcores };
+            }
+            let mut apps = vec![None; plain];
+            apps.insert(plain / 2, app);
+            let r = PodRequest {
+                init,
+                app: apps,
+                cpu_milli: cpu,
+                constraints: Constraints {
+                    use_types: types.into_iter().map(str::to_owned).collect(),
+                    nouse_types: nouse.into_iter().map(str::to_owned).collect(),
+                    ..Constraints::default()
+                },
+                ..PodRequest::default()
+            };
+            proptest::prop_assert!(order_independent(&r));
+            let mut order = order(&n);
+            crate::core::rng::SplitMix64::new(seed).shuffle(&mut order);
+            proptest::prop_assert_eq!(check_pod(&n, &r), fit_pod(&n, &r, &order).map(|_| ()));
+        }
     }
 }

@@ -19,7 +19,7 @@ use std::str::FromStr;
 use proto::hami::pod_devices::{ContainerDevice, PodDevices};
 
 use crate::core::fgd::FgdIndex;
-use crate::core::fit::{FitFailure, PodPicks, fit_pod};
+use crate::core::fit::{FitFailure, PodPicks, check_pod, fit_pod, order_independent};
 use crate::core::model::{Cluster, Node, NodeId};
 use crate::core::request::PodRequest;
 use crate::core::rng::{SplitMix64, TieBreak};
@@ -285,31 +285,40 @@ pub fn schedule(
         return Err(ScheduleError::MissingFgdIndex);
     }
     let mut failed = Vec::new();
-    let mut best: Option<((f64, f64), NodeId, PodPicks)> = None;
+    // The picks are `None` while only the fit verdict is known.
+    let mut best: Option<((f64, f64), NodeId, Option<PodPicks>)> = None;
     let mut ties = TieBreak::default();
     let (mut order, mut scores) = (Vec::new(), Vec::new());
+    // HAMi's node score does not depend on the picks, so when the verdict
+    // does not depend on the GPU order either, the scan only checks each
+    // node and the GPUs are ordered and picked on the winner alone.
+    let verdict_only = matches!(policy, Policy::Binpack | Policy::Spread) && order_independent(req);
+    let hami_key = |node: &Node| {
+        let s = node_score(node);
+        (if policy == Policy::Binpack { s } else { -s }, 0.0)
+    };
     for id in candidates {
         let Some(node) = cluster.node(id) else {
             continue;
         };
         // (key, secondary key): higher wins; equal keys break by seed.
         let placed = match policy {
+            Policy::Binpack | Policy::Spread if verdict_only => {
+                check_pod(node, req).map(|()| (hami_key(node), None))
+            }
             Policy::Binpack | Policy::Spread => {
                 gpu_order_into(node, req, gpu_policy, &cfg.weights, &mut order, &mut scores);
-                fit_pod(node, req, &order).map(|p| {
-                    let s = node_score(node);
-                    ((if policy == Policy::Binpack { s } else { -s }, 0.0), p)
-                })
+                fit_pod(node, req, &order).map(|p| (hami_key(node), Some(p)))
             }
             Policy::BestFit => {
                 let mut order: Vec<usize> = (0..node.gpus.len()).collect();
                 order.sort_by_key(|&p| std::cmp::Reverse(free_milli(node, p)));
-                fit_pod(node, req, &order).map(|p| ((bestfit_key(node, &p, req), 0.0), p))
+                fit_pod(node, req, &order).map(|p| ((bestfit_key(node, &p, req), 0.0), Some(p)))
             }
             Policy::Random => {
                 let mut order: Vec<usize> = (0..node.gpus.len()).collect();
                 rng.shuffle(&mut order);
-                fit_pod(node, req, &order).map(|p| ((0.0, 0.0), p))
+                fit_pod(node, req, &order).map(|p| ((0.0, 0.0), Some(p)))
             }
             Policy::Fgd => {
                 let Some(index) = fgd else {
@@ -339,7 +348,7 @@ pub fn schedule(
                 };
                 index
                     .best_on_node(cluster, id, req, &order)
-                    .map(|(d, p)| ((-d, secondary), p))
+                    .map(|(d, p)| ((-d, secondary), Some(p)))
             }
         };
         match placed {
@@ -367,15 +376,40 @@ pub fn schedule(
             }
         }
     }
-    match best {
-        Some(((score, _), node, picks)) => Ok(Decision {
-            node,
-            picks,
-            score,
-            failed,
-        }),
-        None => Err(ScheduleError::NoNodeFits { failed }),
-    }
+    let Some(((score, _), node, picks)) = best else {
+        return Err(ScheduleError::NoNodeFits { failed });
+    };
+    let picks = match picks {
+        Some(p) => p,
+        None => {
+            // The winner passed `check_pod`, so fit succeeds on any order
+            // (`order_independent`); the error arm is unreachable.
+            let Some(winner) = cluster.node(node) else {
+                return Err(ScheduleError::NoNodeFits { failed });
+            };
+            gpu_order_into(
+                winner,
+                req,
+                gpu_policy,
+                &cfg.weights,
+                &mut order,
+                &mut scores,
+            );
+            match fit_pod(winner, req, &order) {
+                Ok(p) => p,
+                Err(why) => {
+                    failed.push((node, why));
+                    return Err(ScheduleError::NoNodeFits { failed });
+                }
+            }
+        }
+    };
+    Ok(Decision {
+        node,
+        picks,
+        score,
+        failed,
+    })
 }
 
 #[cfg(test)]

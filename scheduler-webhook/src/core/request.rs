@@ -179,14 +179,15 @@ pub struct Constraints {
 }
 
 impl Constraints {
-    /// Whether the type and mode are acceptable.
+    /// Whether the type and mode are acceptable. Checked for every GPU of
+    /// every candidate node, so it allocates nothing.
     #[must_use]
     pub fn type_allows(&self, device_type: &str, mode: &str) -> bool {
-        let ty = device_type.to_ascii_lowercase();
-        if !self.use_types.is_empty() && !self.use_types.iter().any(|t| ty.contains(t.as_str())) {
+        let has = |t: &String| contains_ignore_ascii_case(device_type, t);
+        if !self.use_types.is_empty() && !self.use_types.iter().any(has) {
             return false;
         }
-        if self.nouse_types.iter().any(|t| ty.contains(t.as_str())) {
+        if self.nouse_types.iter().any(has) {
             return false;
         }
         self.vgpu_mode.as_ref().is_none_or(|m| m.contains(mode))
@@ -198,6 +199,16 @@ impl Constraints {
         (self.use_uuids.is_empty() || self.use_uuids.iter().any(|u| u == uuid))
             && !self.nouse_uuids.iter().any(|u| u == uuid)
     }
+}
+
+/// Whether `needle` occurs in `haystack`, ignoring ASCII case (HAMi
+/// lower-cases both sides).
+fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
+    needle.is_empty()
+        || haystack
+            .as_bytes()
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// Everything the scheduler needs to place one pod.
