@@ -1095,3 +1095,104 @@ async fn measure_create_watch_and_list_throughput() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn lists_page_with_limit_and_continue_like_the_real_server() {
+    let options = Options {
+        history_limit: 3,
+        ..Options::default()
+    };
+    let server = FakeApiServer::start_with(loopback(), options)
+        .await
+        .unwrap();
+    let client = server.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..5 {
+        pods.create(&PostParams::default(), &pod(&format!("p{i}")))
+            .await
+            .unwrap();
+    }
+    let first = pods.list(&ListParams::default().limit(2)).await.unwrap();
+    let names = |l: &kube::api::ObjectList<Pod>| -> Vec<String> {
+        l.items
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect()
+    };
+    assert_eq!(names(&first), ["p0", "p1"]);
+    let rv = first.metadata.resource_version.clone().unwrap();
+    let token = first.metadata.continue_.clone().unwrap();
+    let second = pods
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(names(&second), ["p2", "p3"]);
+    assert_eq!(
+        second.metadata.resource_version.as_deref(),
+        Some(rv.as_str())
+    );
+    let last = pods
+        .list(
+            &ListParams::default()
+                .limit(2)
+                .continue_token(second.metadata.continue_.as_deref().unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&last), ["p4"]);
+    assert!(last.metadata.continue_.as_deref().unwrap_or("").is_empty());
+    // Without a limit, one page holds everything.
+    assert_eq!(
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+        5
+    );
+    // A token that is not one is a 400.
+    let (code, _, message) = api_error(
+        pods.list(&ListParams::default().limit(2).continue_token("bogus"))
+            .await,
+    );
+    assert_eq!(code, 400, "{message}");
+    // A token older than the retained history is 410 Expired, as the real
+    // server answers once etcd compacted the first page's revision.
+    for i in 5..9 {
+        pods.create(&PostParams::default(), &pod(&format!("p{i}")))
+            .await
+            .unwrap();
+    }
+    let (code, reason, message) = api_error(
+        pods.list(&ListParams::default().limit(2).continue_token(&token))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (410, "Expired"), "{message}");
+    assert!(
+        message.contains("continue parameter is too old"),
+        "{message}"
+    );
+
+    // kube-rs's watcher lists 500 at a time and sees all of a larger list.
+    let nodes: Api<Node> = Api::all(client);
+    for i in 0..1_203 {
+        nodes
+            .create(&PostParams::default(), &node(&format!("n{i:04}")))
+            .await
+            .unwrap();
+    }
+    let lists_before = server.stats().lists;
+    let (reader, writer) = reflector::store::<Node>();
+    let stream = reflector(writer, watcher(nodes, watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
+    let drive = tokio::spawn(async move {
+        let mut stream = pin!(stream);
+        while stream.try_next().await.unwrap().is_some() {}
+    });
+    tokio::time::timeout(DEADLINE, reader.wait_until_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reader.state().len(), 1_203);
+    let lists = server.stats().lists - lists_before;
+    assert_eq!(lists, 3, "1,203 nodes in pages of 500 take 3 lists");
+    drive.abort();
+    server.shutdown().await;
+}

@@ -332,6 +332,84 @@ pub async fn dispatch(
     response
 }
 
+/// A list request's `limit` and `continue`, as the real server reads them:
+/// no positive `limit` means one response with everything; a `continue`
+/// token carries the resourceVersion of the first page and where the next
+/// page starts.
+#[derive(Debug, Default)]
+struct Page {
+    limit: Option<usize>,
+    /// (resourceVersion of the first page, namespace, name) of the last
+    /// object served.
+    after: Option<(u64, String, String)>,
+}
+
+/// The real server's answer to a continue token older than its history.
+const CONTINUE_TOO_OLD: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
+
+impl Page {
+    fn from_query(query: &HashMap<String, String>) -> Result<Self, ApiError> {
+        let limit = query
+            .get("limit")
+            .and_then(|l| l.parse::<usize>().ok())
+            .filter(|&l| l > 0);
+        let after = match query.get("continue").map(String::as_str) {
+            None | Some("") => None,
+            Some(token) => Some(Self::decode(token).ok_or_else(|| {
+                ApiError::BadRequest(format!("continue key is not valid: {token}"))
+            })?),
+        };
+        Ok(Self { limit, after })
+    }
+
+    fn encode(rv: u64, namespace: &str, name: &str) -> String {
+        use base64::Engine as _;
+        let token =
+            json!({"v": "meta.k8s.io/v1", "rv": rv, "start": format!("{namespace}/{name}")});
+        base64::engine::general_purpose::URL_SAFE.encode(token.to_string())
+    }
+
+    fn decode(token: &str) -> Option<(u64, String, String)> {
+        use base64::Engine as _;
+        let raw = base64::engine::general_purpose::URL_SAFE
+            .decode(token)
+            .ok()?;
+        let v: Value = serde_json::from_slice(&raw).ok()?;
+        let rv = v.get("rv")?.as_u64()?;
+        let (namespace, name) = v.get("start")?.as_str()?.split_once('/')?;
+        Some((rv, namespace.to_owned(), name.to_owned()))
+    }
+
+    /// The page's objects, the resourceVersion to report (the first page's),
+    /// and the token for the next page when more remain.
+    fn list(
+        &self,
+        store: &Store,
+        def: &ResourceDef,
+        namespace: Option<&str>,
+        selectors: &Selectors,
+    ) -> Result<(Vec<Value>, u64, Option<String>), ApiError> {
+        let rv = match &self.after {
+            Some((rv, ..)) if *rv < store.oldest_watchable() => {
+                return Err(ApiError::Injected {
+                    code: 410,
+                    message: CONTINUE_TOO_OLD.to_owned(),
+                });
+            }
+            Some((rv, ..)) => *rv,
+            None => store.resource_version(),
+        };
+        let after = self
+            .after
+            .as_ref()
+            .map(|(_, ns, n)| (ns.as_str(), n.as_str()));
+        let limit = self.limit.unwrap_or(usize::MAX);
+        let (items, last) = store.list_page(def, namespace, selectors, after, limit);
+        let next = last.map(|(ns, name)| Self::encode(rv, &ns, &name));
+        Ok((items, rv, next))
+    }
+}
+
 async fn serve(
     req: &HttpRequest,
     query: &HashMap<String, String>,
@@ -362,17 +440,23 @@ async fn serve(
                 watch(req, query, shared, def, namespace, selectors)
             } else {
                 shared.control.update(|s| s.lists += 1);
-                let (items, rv) =
-                    shared.with_store(|s| s.list(def, namespace.as_deref(), &selectors))?;
+                let page = Page::from_query(query)?;
+                let (items, rv, next) = shared
+                    .with_store(|s| page.list(s, def, namespace.as_deref(), &selectors))??;
+                let mut metadata = json!({"resourceVersion": rv.to_string()});
+                if let Some(token) = next {
+                    metadata["continue"] = json!(token);
+                }
                 if wants_table(req) {
-                    let table = table::table(def, &items, Some(rv), table::include(query));
+                    let mut table = table::table(def, &items, Some(rv), table::include(query));
+                    table["metadata"] = metadata;
                     return Ok(ok(&table));
                 }
                 let items: Vec<Value> = items.into_iter().map(list_item).collect();
                 Ok(ok(&json!({
                     "kind": def.list_kind(),
                     "apiVersion": def.api_version(),
-                    "metadata": {"resourceVersion": rv.to_string()},
+                    "metadata": metadata,
                     "items": items,
                 })))
             }

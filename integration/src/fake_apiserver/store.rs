@@ -10,7 +10,8 @@
 //!
 //! Deliberate simplifications, all documented in the README: deletes are
 //! immediate (no graceful pod deletion, no finalizers), deleting a namespace
-//! deletes its objects at once, `limit`/`continue` are not paginated.
+//! deletes its objects at once, pages of a `limit`ed list after the first read
+//! the current state rather than the first page's snapshot.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, VecDeque};
@@ -607,15 +608,42 @@ impl Store {
         namespace: Option<&str>,
         selectors: &Selectors,
     ) -> (Vec<Value>, u64) {
-        let items = self
+        let (items, _) = self.list_page(def, namespace, selectors, None, usize::MAX);
+        (items, self.resource_version)
+    }
+
+    /// One page of [`Self::list`], as the real server pages a list with
+    /// `limit`: at most `limit` objects whose (namespace, name) sorts after
+    /// `after`, and the (namespace, name) of the last one when more remain.
+    ///
+    /// The real server serves every page from the etcd snapshot of the first
+    /// one; this store has no snapshots, so later pages read the current
+    /// state. A client that then watches from the first page's
+    /// resourceVersion sees every change made meanwhile again, in order.
+    pub fn list_page(
+        &self,
+        def: &ResourceDef,
+        namespace: Option<&str>,
+        selectors: &Selectors,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> (Vec<Value>, Option<(String, String)>) {
+        let mut matching = self
             .objects
             .iter()
             .filter(|(k, _)| k.group == def.group && k.plural == def.plural)
             .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
-            .filter(|(_, v)| selectors.matches(v))
-            .map(|(_, v)| v.clone())
-            .collect();
-        (items, self.resource_version)
+            .filter(|(k, _)| {
+                after.is_none_or(|(ns, name)| (k.namespace.as_str(), k.name.as_str()) > (ns, name))
+            })
+            .filter(|(_, v)| selectors.matches(v));
+        let items: Vec<(&ObjectKey, &Value)> = matching.by_ref().take(limit.max(1)).collect();
+        let more = matching.next().is_some();
+        let last = items
+            .last()
+            .filter(|_| more)
+            .map(|(k, _)| (k.namespace.clone(), k.name.clone()));
+        (items.into_iter().map(|(_, v)| v.clone()).collect(), last)
     }
 
     /// Update (PUT) of the object or of its status.
