@@ -127,15 +127,89 @@ fn string_field(map: &Map<String, Value>, name: &'static str) -> Result<String, 
     }
 }
 
-fn names(value: Option<&Value>, name: &'static str) -> Result<Option<Vec<String>>, BadRequest> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => serde_json::from_value(v.clone())
-            .map(Some)
-            .map_err(|e| BadRequest::Field {
-                field: name,
-                why: e.to_string(),
-            }),
+/// The fields of `ExtenderArgs`, matched in any letter case.
+#[derive(Clone, Copy)]
+enum ArgsField {
+    Pod,
+    NodeNames,
+    Nodes,
+}
+
+impl ArgsField {
+    fn of(key: &str) -> Option<Self> {
+        [Self::Pod, Self::NodeNames, Self::Nodes]
+            .into_iter()
+            .find(|f| key.eq_ignore_ascii_case(f.name()))
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Pod => "Pod",
+            Self::NodeNames => "NodeNames",
+            Self::Nodes => "Nodes",
+        }
+    }
+}
+
+/// `Nodes` as sent without a node cache: a `NodeList`, of which only the
+/// names are used.
+#[derive(serde::Deserialize)]
+struct NodeListNames {
+    items: Vec<NamedObject>,
+}
+
+#[derive(serde::Deserialize)]
+struct NamedObject {
+    #[serde(default)]
+    metadata: NamedMeta,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct NamedMeta {
+    name: Option<String>,
+}
+
+/// Reads `ExtenderArgs` straight from the body, without an intermediate
+/// `Value` (a filter body carries thousands of node names), remembering
+/// which field it was reading so an error can name it.
+struct ArgsVisitor<'a> {
+    reading: &'a std::cell::Cell<Option<ArgsField>>,
+}
+
+type RawArgs = (Option<Pod>, Option<Vec<String>>, Option<NodeListNames>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for ArgsVisitor<'_> {
+    type Value = RawArgs;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<RawArgs, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ArgsVisitor<'_> {
+    type Value = RawArgs;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an ExtenderArgs object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawArgs, A::Error> {
+        let (mut pod, mut node_names, mut nodes) = (None, None, None);
+        // Go's decoder: any letter case, a later key overrides an earlier one.
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let Some(f) = ArgsField::of(&key) else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+                continue;
+            };
+            self.reading.set(Some(f));
+            match f {
+                ArgsField::Pod => pod = map.next_value()?,
+                ArgsField::NodeNames => node_names = map.next_value()?,
+                ArgsField::Nodes => nodes = map.next_value()?,
+            }
+            self.reading.set(None);
+        }
+        Ok((pod, node_names, nodes))
     }
 }
 
@@ -144,45 +218,36 @@ fn names(value: Option<&Value>, name: &'static str) -> Result<Option<Vec<String>
 /// # Errors
 /// [`BadRequest`] naming the field that is wrong.
 pub fn decode_filter(body: &[u8]) -> Result<ExtenderArgs, BadRequest> {
-    let map = object(body)?;
-    let pod = match field(&map, "Pod") {
-        None | Some(Value::Null) => {
-            return Err(BadRequest::Field {
-                field: "Pod",
-                why: "missing".to_owned(),
-            });
-        }
-        Some(v) => serde_json::from_value::<Pod>(v.clone()).map_err(|e| BadRequest::Field {
-            field: "Pod",
+    use serde::de::DeserializeSeed as _;
+    let reading = std::cell::Cell::new(None);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let decoded = ArgsVisitor { reading: &reading }
+        .deserialize(&mut de)
+        .and_then(|args| de.end().map(|()| args));
+    let (pod, node_names, nodes) = decoded.map_err(|e| match reading.get() {
+        Some(f) => BadRequest::Field {
+            field: f.name(),
             why: e.to_string(),
-        })?,
-    };
-    let node_names = names(field(&map, "NodeNames"), "NodeNames")?;
-    let nodes = match field(&map, "Nodes") {
-        None | Some(Value::Null) => None,
-        Some(list) => {
-            let items =
-                list.get("items")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| BadRequest::Field {
-                        field: "Nodes",
-                        why: "expected a NodeList with items".to_owned(),
-                    })?;
-            let names = items
-                .iter()
+        },
+        None => BadRequest::NotJson(e.to_string()),
+    })?;
+    let pod = pod.ok_or(BadRequest::Field {
+        field: "Pod",
+        why: "missing".to_owned(),
+    })?;
+    let nodes = nodes
+        .map(|list| {
+            list.items
+                .into_iter()
                 .map(|n| {
-                    n.pointer("/metadata/name")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                        .ok_or_else(|| BadRequest::Field {
-                            field: "Nodes",
-                            why: "a node has no metadata.name".to_owned(),
-                        })
+                    n.metadata.name.ok_or_else(|| BadRequest::Field {
+                        field: "Nodes",
+                        why: "a node has no metadata.name".to_owned(),
+                    })
                 })
-                .collect::<Result<Vec<_>, _>>()?;
-            Some(names)
-        }
-    };
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
     Ok(ExtenderArgs {
         pod,
         node_names,
@@ -299,6 +364,17 @@ mod tests {
                 ..
             }
         ));
+        for nodes in [json!({}), json!({"items": [{"metadata": {}}]}), json!([1])] {
+            let body = json!({"Pod": pod(), "Nodes": nodes});
+            let err = decode_filter(&serde_json::to_vec(&body).unwrap()).unwrap_err();
+            assert!(
+                matches!(err, BadRequest::Field { field: "Nodes", .. }),
+                "{err}"
+            );
+        }
+        // Unknown keys are skipped; a later key in another case wins, as in Go.
+        let body = br#"{"Extra":{"a":[1]},"NodeNames":["x"],"Pod":{"metadata":{"name":"p"}},"nodenames":["y"]}"#;
+        assert_eq!(decode_filter(body).unwrap().candidates(), ["y"]);
         let err = decode_bind(br#"{"PodName":"p","PodNamespace":"ns","PodUID":7,"Node":"n"}"#)
             .unwrap_err();
         assert_eq!(
