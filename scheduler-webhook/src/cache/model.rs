@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod};
+use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod, ResourceQuota};
 use proto::hami::handshake::Handshake;
 use proto::hami::keys;
 use proto::hami::pod_devices::PodDevices;
@@ -16,6 +16,7 @@ use proto::hami::register;
 
 use crate::core::model::{Cluster, Node};
 use crate::core::policy::{SchedulerConfig, schedule};
+use crate::core::quota::{QuotaBook, QuotaLimits, QuotaStatus, QuotaUse};
 use crate::core::request::{ContainerLite, PodRequest, PodSpecLite, RequestConfig};
 use crate::core::reservation::HostResources;
 use crate::core::rng::SplitMix64;
@@ -77,6 +78,24 @@ pub struct ClusterModel {
     observed: HashMap<String, Observed>,
     /// Filter decisions not yet bound: pod UID → node and devices.
     decisions: HashMap<String, Decided>,
+    /// ResourceQuota limits per namespace and what each pod is charged.
+    quotas: QuotaBook,
+}
+
+/// A `spec.hard` value of a ResourceQuota that is not a whole number; the
+/// key is ignored (no limit from this object).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("resourcequota {namespace}/{name} {key}: {error}")]
+pub struct BadQuota {
+    /// Namespace.
+    pub namespace: String,
+    /// Quota name.
+    pub name: String,
+    /// The `spec.hard` key.
+    pub key: String,
+    /// Why the value does not parse.
+    #[source]
+    pub error: crate::quantity::QuantityError,
 }
 
 /// A pod known to hold an allocation.
@@ -147,6 +166,7 @@ impl ClusterModel {
         Self {
             cluster: Cluster::new(Vec::new()),
             rng: SplitMix64::new(config.seed),
+            quotas: QuotaBook::new(config.requests.memory_factor),
             config,
             registers: HashMap::new(),
             waiting: HashMap::new(),
@@ -236,6 +256,11 @@ impl ClusterModel {
                 name: pod.metadata.name.clone().unwrap_or_default(),
                 allocation: allocation.clone(),
             };
+            self.quotas.charge(
+                uid,
+                &who.namespace,
+                QuotaUse::of_devices(&allocation.devices, allocation.init_count),
+            );
             self.observed.insert(uid.to_owned(), who);
             self.observe(uid, allocation);
         }
@@ -247,6 +272,71 @@ impl ClusterModel {
         self.waiting.remove(uid);
         self.observed.remove(uid);
         self.decisions.remove(uid);
+        self.quotas.refund(uid);
+    }
+
+    /// Applies a ResourceQuota from the watch: its `limits.<gpumem>` and
+    /// `limits.<gpucores>` (other keys are not ours). A value that does not
+    /// parse is ignored and reported; the rest of the quota still applies.
+    ///
+    /// # Errors
+    /// One [`BadQuota`] per value ignored.
+    pub fn apply_quota(&mut self, quota: &ResourceQuota) -> Result<(), Vec<BadQuota>> {
+        let (Some(namespace), Some(name)) = (
+            quota.metadata.namespace.as_deref(),
+            quota.metadata.name.as_deref(),
+        ) else {
+            return Ok(());
+        };
+        let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
+        let names = &self.config.requests.names;
+        let mut bad = Vec::new();
+        let mut read = |resource: &str| -> Option<u64> {
+            let key = format!("limits.{resource}");
+            let q = hard?.get(&key)?;
+            match parse_whole(&q.0) {
+                Ok(v) => Some(v.unsigned_abs()),
+                Err(error) => {
+                    bad.push(BadQuota {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                        key,
+                        error,
+                    });
+                    None
+                }
+            }
+        };
+        let limits = QuotaLimits {
+            memory_mib: read(&names.resource_mem),
+            cores: read(&names.resource_cores),
+        };
+        self.quotas.set_quota(namespace, name, limits);
+        if bad.is_empty() { Ok(()) } else { Err(bad) }
+    }
+
+    /// A ResourceQuota was deleted.
+    pub fn delete_quota(&mut self, namespace: &str, name: &str) {
+        self.quotas.remove_quota(namespace, name);
+    }
+
+    /// Quotas known, as (namespace, name) (for reconciling after a relist).
+    pub fn quota_keys(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.quotas.quota_keys()
+    }
+
+    /// One namespace's quota limits and use; `None` when it has no quota.
+    #[must_use]
+    pub fn quota_status(&self, namespace: &str) -> Option<QuotaStatus> {
+        self.quotas
+            .room(namespace)
+            .map(|_| self.quotas.status(namespace))
+    }
+
+    /// Every namespace with a quota or GPU use (for metrics).
+    #[must_use]
+    pub fn quota_snapshot(&self) -> Vec<QuotaStatus> {
+        self.quotas.statuses()
     }
 
     /// Pods known from their annotations (for reconciling after a relist).
@@ -352,7 +442,7 @@ impl ClusterModel {
             Ok(l) => l,
             Err(e) => return FilterOutcome::Invalid(e),
         };
-        let request = match PodRequest::from_pod(&lite, &self.config.requests) {
+        let mut request = match PodRequest::from_pod(&lite, &self.config.requests) {
             Ok(r) => r,
             Err(e) => return FilterOutcome::Invalid(e.to_string()),
         };
@@ -362,6 +452,9 @@ impl ClusterModel {
         // HAMi drops the pod's earlier reservation before fitting again.
         self.cluster.release(&lite.uid);
         self.decisions.remove(&lite.uid);
+        self.quotas.refund(&lite.uid);
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        request.constraints.quota = self.quotas.room(namespace);
 
         let mut failed = BTreeMap::new();
         let mut ids = Vec::with_capacity(candidates.len());
@@ -400,6 +493,11 @@ impl ClusterModel {
                     HostResources::default(),
                 ) {
                     Ok(()) => {
+                        self.quotas.charge(
+                            &lite.uid,
+                            namespace,
+                            QuotaUse::of_devices(&devices, decision.init_count()),
+                        );
                         self.decisions.insert(
                             lite.uid.clone(),
                             Decided {
@@ -448,6 +546,7 @@ impl ClusterModel {
     /// Drops a pod's reservation (bind failed); harmless when there is none.
     pub fn release(&mut self, uid: &str) -> bool {
         self.decisions.remove(uid);
+        self.quotas.refund(uid);
         self.cluster.release(uid)
     }
 

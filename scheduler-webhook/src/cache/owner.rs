@@ -6,11 +6,12 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
 use super::model::{ClusterModel, Decided, FilterOutcome, GpuSnapshot, SliceSnapshot};
+use crate::core::quota::QuotaStatus;
 
 /// The kinds the model is fed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +20,8 @@ pub enum Kind {
     Nodes,
     /// Pods.
     Pods,
+    /// ResourceQuotas.
+    Quotas,
 }
 
 /// A message to the model's owner.
@@ -32,6 +35,15 @@ pub enum Command {
     ApplyPod(Box<Pod>),
     /// A pod was deleted (by UID).
     DeletePod(String),
+    /// A ResourceQuota was added or changed.
+    ApplyQuota(Box<ResourceQuota>),
+    /// A ResourceQuota was deleted.
+    DeleteQuota {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
     /// A full relist of `Kind` starts: objects not seen before it ends are gone.
     RelistStarted(Kind),
     /// The relist of `Kind` ended.
@@ -58,6 +70,18 @@ pub enum Command {
     Snapshot {
         /// Where the answer goes.
         reply: oneshot::Sender<(Vec<GpuSnapshot>, Vec<SliceSnapshot>)>,
+    },
+    /// Read one namespace's quota limits and use (`None`: no quota there).
+    GetQuota {
+        /// The namespace.
+        namespace: String,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Option<QuotaStatus>>,
+    },
+    /// Read every namespace's quota limits and use (for metrics).
+    GetQuotas {
+        /// Where the answer goes.
+        reply: oneshot::Sender<Vec<QuotaStatus>>,
     },
     /// The pod is bound: its reservation is now a commitment.
     Commit(String),
@@ -131,7 +155,31 @@ impl ModelHandle {
         rx.await.map_err(|_| ModelGone)
     }
 
-    /// Whether both nodes and pods have been listed once.
+    /// One namespace's quota limits and use; `None` when it has no quota.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn quota(&self, namespace: &str) -> Result<Option<QuotaStatus>, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::GetQuota {
+            namespace: namespace.to_owned(),
+            reply,
+        })
+        .await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// Every namespace's quota limits and use.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn quotas(&self) -> Result<Vec<QuotaStatus>, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::GetQuotas { reply }).await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// Whether nodes, pods and quotas have been listed once.
     #[must_use]
     pub fn is_ready(&self) -> bool {
         *self.ready.borrow()
@@ -164,8 +212,10 @@ pub fn spawn(model: ClusterModel) -> ModelHandle {
 struct Relist {
     nodes: Option<HashSet<String>>,
     pods: Option<HashSet<String>>,
+    quotas: Option<HashSet<(String, String)>>,
     nodes_listed: bool,
     pods_listed: bool,
+    quotas_listed: bool,
 }
 
 async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: watch::Sender<bool>) {
@@ -190,8 +240,24 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 model.apply_pod(&pod);
             }
             Command::DeletePod(uid) => model.delete_pod(&uid),
+            Command::ApplyQuota(quota) => {
+                if let (Some(seen), Some(ns), Some(name)) = (
+                    relist.quotas.as_mut(),
+                    quota.metadata.namespace.as_ref(),
+                    quota.metadata.name.as_ref(),
+                ) {
+                    seen.insert((ns.clone(), name.clone()));
+                }
+                if let Err(bad) = model.apply_quota(&quota) {
+                    for error in bad {
+                        warn!(%error, "resourcequota value is not a whole number; that limit is ignored");
+                    }
+                }
+            }
+            Command::DeleteQuota { namespace, name } => model.delete_quota(&namespace, &name),
             Command::RelistStarted(Kind::Nodes) => relist.nodes = Some(HashSet::new()),
             Command::RelistStarted(Kind::Pods) => relist.pods = Some(HashSet::new()),
+            Command::RelistStarted(Kind::Quotas) => relist.quotas = Some(HashSet::new()),
             Command::RelistDone(Kind::Nodes) => {
                 let seen = relist.nodes.take().unwrap_or_default();
                 let gone: Vec<String> = model
@@ -216,6 +282,18 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 }
                 relist.pods_listed = true;
             }
+            Command::RelistDone(Kind::Quotas) => {
+                let seen = relist.quotas.take().unwrap_or_default();
+                let gone: Vec<(String, String)> = model
+                    .quota_keys()
+                    .filter(|(ns, name)| !seen.contains(&((*ns).to_owned(), (*name).to_owned())))
+                    .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+                    .collect();
+                for (ns, name) in gone {
+                    model.delete_quota(&ns, &name);
+                }
+                relist.quotas_listed = true;
+            }
             Command::Filter {
                 pod,
                 candidates,
@@ -234,6 +312,12 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
             Command::Snapshot { reply } => {
                 let _ = reply.send((model.gpu_snapshot(), model.slice_snapshot()));
             }
+            Command::GetQuota { namespace, reply } => {
+                let _ = reply.send(model.quota_status(&namespace));
+            }
+            Command::GetQuotas { reply } => {
+                let _ = reply.send(model.quota_snapshot());
+            }
             Command::Commit(uid) => {
                 if let Err(error) = model.commit(&uid) {
                     debug!(%uid, %error, "commit without reservation (already observed from annotations)");
@@ -243,7 +327,7 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 model.release(&uid);
             }
         }
-        if relist.nodes_listed && relist.pods_listed && !*ready.borrow() {
+        if relist.nodes_listed && relist.pods_listed && relist.quotas_listed && !*ready.borrow() {
             let _ = ready.send(true);
         }
     }
