@@ -827,6 +827,171 @@ mod tests {
         ));
     }
 
+    fn quota(ns: &str, name: &str, hard: serde_json::Value) -> ResourceQuota {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"hard": hard}
+        }))
+        .unwrap()
+    }
+
+    fn used(model: &ClusterModel, ns: &str) -> (u64, u64) {
+        model
+            .quota_snapshot()
+            .iter()
+            .find(|q| q.namespace == ns)
+            .map_or((0, 0), |q| (q.used.memory_mib, q.used.cores))
+    }
+
+    fn allocated(mut pod: Pod, node: &str, devices: &str) -> Pod {
+        pod.metadata.annotations = Some(BTreeMap::from([
+            (keys::VGPU_NODE.to_owned(), node.to_owned()),
+            (keys::VGPU_DEVICES_ALLOCATED.to_owned(), devices.to_owned()),
+        ]));
+        pod
+    }
+
+    #[test]
+    fn quota_use_follows_reservations_allocations_and_finished_pods() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 2, 10_000)).unwrap();
+        model
+            .apply_quota(&quota(
+                "ns",
+                "gpu",
+                json!({"limits.nvidia.com/gpumem": "5000", "limits.nvidia.com/gpucores": "100"}),
+            ))
+            .unwrap();
+        // A reservation counts at once.
+        assert!(matches!(
+            model.filter(&slice_pod("a", 3000, 30), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        assert_eq!(used(&model, "ns"), (3000, 30));
+        // The next pod sees only the room left: 2000 MiB.
+        let FilterOutcome::NoFit { failed } =
+            model.filter(&slice_pod("b", 2500, 10), &names(&["n1"]))
+        else {
+            panic!("expected no fit");
+        };
+        assert_eq!(failed["n1"], "2/2 ResourceQuotaNotFit");
+        assert_eq!(
+            used(&model, "ns"),
+            (3000, 30),
+            "a failed filter charges nothing"
+        );
+        // Filtering the same pod again replaces its charge.
+        assert!(matches!(
+            model.filter(&slice_pod("a", 3000, 30), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        assert_eq!(used(&model, "ns"), (3000, 30));
+        // Released (bind failed): refunded.
+        model.release("a");
+        assert_eq!(used(&model, "ns"), (0, 0));
+        // An allocation from annotations counts; a finished pod refunds it.
+        let mut held = allocated(slice_pod("held", 0, 0), "n1", "GPU-n1-0,NVIDIA,4000,20:;");
+        model.apply_pod(&held);
+        assert_eq!(used(&model, "ns"), (4000, 20));
+        held.status = Some(serde_json::from_value(json!({"phase": "Failed"})).unwrap());
+        model.apply_pod(&held);
+        assert_eq!(used(&model, "ns"), (0, 0));
+        // A deleted pod refunds too, and other namespaces are not charged here.
+        model.apply_pod(&allocated(
+            slice_pod("gone", 0, 0),
+            "n1",
+            "GPU-n1-1,NVIDIA,1000,10:;",
+        ));
+        assert_eq!(used(&model, "ns"), (1000, 10));
+        model.delete_pod("gone");
+        assert_eq!(used(&model, "ns"), (0, 0));
+    }
+
+    #[test]
+    fn the_tightest_quota_wins_and_deleting_it_loosens_the_limit() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 1, 10_000)).unwrap();
+        model
+            .apply_quota(&quota(
+                "ns",
+                "wide",
+                json!({"limits.nvidia.com/gpumem": "8000", "pods": "10"}),
+            ))
+            .unwrap();
+        model
+            .apply_quota(&quota(
+                "ns",
+                "tight",
+                json!({"limits.nvidia.com/gpumem": "2Ki"}),
+            ))
+            .unwrap();
+        let status = model.quota_status("ns").unwrap();
+        assert_eq!(status.limits.memory_mib, Some(2048));
+        assert_eq!(status.limits.cores, None);
+        assert!(matches!(
+            model.filter(&slice_pod("a", 3000, 10), &names(&["n1"])),
+            FilterOutcome::NoFit { .. }
+        ));
+        model.delete_quota("ns", "tight");
+        assert_eq!(
+            model.quota_status("ns").unwrap().limits.memory_mib,
+            Some(8000)
+        );
+        assert!(matches!(
+            model.filter(&slice_pod("a", 3000, 10), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        model.delete_quota("ns", "wide");
+        assert_eq!(model.quota_status("ns"), None);
+        assert_eq!(model.quota_keys().count(), 0);
+    }
+
+    #[test]
+    fn a_quota_without_our_keys_or_with_a_bad_value_limits_nothing() {
+        let mut model = ClusterModel::new(config());
+        model
+            .apply_quota(&quota(
+                "ns",
+                "cpu",
+                json!({"limits.cpu": "4", "requests.nvidia.com/gpumem": "10"}),
+            ))
+            .unwrap();
+        assert_eq!(model.quota_status("ns"), None);
+        let bad = model
+            .apply_quota(&quota(
+                "ns",
+                "typo",
+                json!({"limits.nvidia.com/gpumem": "lots", "limits.nvidia.com/gpucores": "50"}),
+            ))
+            .unwrap_err();
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].key, "limits.nvidia.com/gpumem");
+        assert!(bad[0].to_string().contains("ns/typo"), "{}", bad[0]);
+        let status = model.quota_status("ns").unwrap();
+        assert_eq!(
+            (status.limits.memory_mib, status.limits.cores),
+            (None, Some(50))
+        );
+    }
+
+    #[test]
+    fn quota_keys_follow_the_configured_resource_names() {
+        let mut cfg = config();
+        cfg.requests.names.resource_mem = "example.com/vmem".into();
+        let mut model = ClusterModel::new(cfg);
+        model
+            .apply_quota(&quota(
+                "ns",
+                "q",
+                json!({"limits.nvidia.com/gpumem": "10", "limits.example.com/vmem": "20"}),
+            ))
+            .unwrap();
+        assert_eq!(
+            model.quota_status("ns").unwrap().limits.memory_mib,
+            Some(20)
+        );
+    }
+
     #[test]
     fn cordoned_gpus_are_skipped() {
         let mut model = ClusterModel::new(config());

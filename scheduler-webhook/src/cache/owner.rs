@@ -332,3 +332,72 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::cache::model::ModelConfig;
+    use crate::core::policy::SchedulerConfig;
+    use crate::core::request::RequestConfig;
+
+    fn model() -> ClusterModel {
+        ClusterModel::new(ModelConfig {
+            scheduler: SchedulerConfig::default(),
+            requests: RequestConfig::default(),
+            seed: 1,
+        })
+    }
+
+    fn quota(name: &str, mem: &str) -> ResourceQuota {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": mem}}
+        }))
+        .unwrap()
+    }
+
+    async fn listed(handle: &ModelHandle, kind: Kind, quotas: Vec<ResourceQuota>) {
+        handle.send(Command::RelistStarted(kind)).await.unwrap();
+        for q in quotas {
+            handle.send(Command::ApplyQuota(Box::new(q))).await.unwrap();
+        }
+        handle.send(Command::RelistDone(kind)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_quotas_and_a_relist_drops_quotas_deleted_meanwhile() {
+        let handle = spawn(model());
+        listed(&handle, Kind::Nodes, vec![]).await;
+        listed(&handle, Kind::Pods, vec![]).await;
+        // A round trip through the owner: every command before it is applied.
+        assert_eq!(handle.quota("team-a").await.unwrap(), None);
+        assert!(!handle.is_ready(), "quotas not listed yet");
+
+        listed(
+            &handle,
+            Kind::Quotas,
+            vec![quota("tight", "1000"), quota("wide", "5000")],
+        )
+        .await;
+        handle.wait_ready().await.unwrap();
+        let status = handle.quota("team-a").await.unwrap().unwrap();
+        assert_eq!(status.limits.memory_mib, Some(1000));
+
+        // The watch broke; "tight" was deleted before the relist.
+        listed(&handle, Kind::Quotas, vec![quota("wide", "5000")]).await;
+        let status = handle.quota("team-a").await.unwrap().unwrap();
+        assert_eq!(status.limits.memory_mib, Some(5000));
+        assert_eq!(handle.quotas().await.unwrap().len(), 1);
+
+        handle
+            .send(Command::DeleteQuota {
+                namespace: "team-a".into(),
+                name: "wide".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(handle.quota("team-a").await.unwrap(), None);
+    }
+}

@@ -272,7 +272,7 @@ impl QuotaExceeded {
             QuotaKey::Cores => (&names.resource_cores, "%"),
         };
         format!(
-            "namespace {:?} quota limits.{resource}: pod asks {}{unit}, {}{unit} of {}{unit} left",
+            "namespace {:?} quota limits.{resource}: pod asks {}{unit}, {} of {}{unit} left",
             self.namespace, self.asked, self.left, self.limit
         )
     }
@@ -570,6 +570,163 @@ mod tests {
                 cores: 50
             }
         );
+    }
+
+    // === fit with a quota (the filter's view) ===
+
+    use crate::core::fit::{Reason, fit_container, fit_pod};
+    use crate::core::model::testutil::mk_node;
+    use crate::core::request::Constraints;
+
+    fn with_room(mem: Option<u64>, cores: Option<u64>) -> Constraints {
+        Constraints {
+            quota: Some(QuotaRoom {
+                memory_mib: mem,
+                cores,
+            }),
+            ..Constraints::default()
+        }
+    }
+
+    fn order(n: usize) -> Vec<usize> {
+        (0..n).collect()
+    }
+
+    #[test]
+    fn quota_blocks_every_gpu_with_resource_quota_not_fit() {
+        let n = mk_node("a", 4, 10, 1000);
+        let r = req(1, 200, 10).unwrap();
+        let f =
+            fit_container(&n, &n.usage, &order(4), &r, &with_room(Some(150), None)).unwrap_err();
+        assert_eq!(f.count(Reason::ResourceQuotaNotFit), 4);
+        assert_eq!(f.to_string(), "4/4 ResourceQuotaNotFit");
+        let f = fit_container(&n, &n.usage, &order(4), &r, &with_room(None, Some(5))).unwrap_err();
+        assert_eq!(f.to_string(), "4/4 ResourceQuotaNotFit", "cores room");
+        // Exactly the room fits.
+        assert!(
+            fit_container(&n, &n.usage, &order(4), &r, &with_room(Some(200), Some(10))).is_ok()
+        );
+    }
+
+    #[test]
+    fn quota_counts_mem_times_nums_within_a_container() {
+        let n = mk_node("a", 4, 10, 1000);
+        let r = req(2, 200, 0).unwrap();
+        let f =
+            fit_container(&n, &n.usage, &order(4), &r, &with_room(Some(250), None)).unwrap_err();
+        assert_eq!(
+            f.to_string(),
+            "1/4 AllocatedCardsInsufficientRequest, 3/4 ResourceQuotaNotFit"
+        );
+        let p = fit_container(&n, &n.usage, &order(4), &r, &with_room(Some(400), None)).unwrap();
+        assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn quota_is_shared_by_app_containers_and_not_summed_with_init_containers() {
+        let n = mk_node("a", 2, 10, 1000);
+        let apps = PodRequest {
+            app: vec![req(1, 200, 0), None, req(1, 200, 0)],
+            constraints: with_room(Some(300), None),
+            ..PodRequest::default()
+        };
+        let f = fit_pod(&n, &apps, &order(2)).unwrap_err();
+        assert_eq!(
+            f.to_string(),
+            "2/2 ResourceQuotaNotFit",
+            "second container over"
+        );
+        let init_and_app = PodRequest {
+            init: vec![req(1, 300, 0)],
+            app: vec![req(1, 300, 0)],
+            constraints: with_room(Some(300), None),
+            ..PodRequest::default()
+        };
+        assert!(fit_pod(&n, &init_and_app, &order(2)).is_ok());
+    }
+
+    #[test]
+    fn memory_factor_scales_the_request_and_the_limit_alike() {
+        use crate::core::request::{ContainerLite, PodSpecLite, RequestConfig};
+
+        let cfg = RequestConfig {
+            memory_factor: 4,
+            ..RequestConfig::default()
+        };
+        let spec = PodSpecLite {
+            containers: vec![ContainerLite {
+                name: "c".into(),
+                limits: [("nvidia.com/gpu", 1), ("nvidia.com/gpumem", 100)]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect(),
+                requests: BTreeMap::new(),
+            }],
+            ..PodSpecLite::default()
+        };
+        let n = mk_node("a", 1, 10, 1000);
+        for (limit, fits) in [(100, true), (99, false)] {
+            let mut book = QuotaBook::new(4);
+            book.set_quota("ns", "q", limits(Some(limit), None));
+            let mut pod = PodRequest::from_pod(&spec, &cfg).unwrap();
+            pod.constraints.quota = book.room("ns");
+            assert_eq!(fit_pod(&n, &pod, &[0]).is_ok(), fits, "limit {limit}");
+            assert_eq!(QuotaUse::of_request(&pod).memory_mib, 400);
+        }
+    }
+
+    #[test]
+    fn without_a_quota_fit_is_unchanged() {
+        let mut n = mk_node("a", 4, 10, 1000);
+        n.usage[1].usedmem = 900;
+        let pod = PodRequest {
+            app: vec![req(2, 200, 10), req(1, 100, 10)],
+            ..PodRequest::default()
+        };
+        let unlimited = PodRequest {
+            constraints: with_room(None, None),
+            ..pod.clone()
+        };
+        let plenty = PodRequest {
+            constraints: with_room(Some(1 << 40), Some(1 << 40)),
+            ..pod.clone()
+        };
+        let want = fit_pod(&n, &pod, &order(4)).unwrap();
+        assert_eq!(fit_pod(&n, &unlimited, &order(4)).unwrap(), want);
+        assert_eq!(fit_pod(&n, &plenty, &order(4)).unwrap(), want);
+    }
+
+    #[test]
+    fn fgd_skips_gpus_over_quota_too() {
+        use crate::core::fgd::{FgdIndex, ShapeDistribution};
+        use crate::core::model::Cluster;
+        use crate::core::policy::{Policy, ScheduleError, SchedulerConfig, schedule};
+        use crate::core::rng::SplitMix64;
+
+        let cluster = Cluster::new(vec![mk_node("a", 2, 10, 1000)]);
+        let dist = ShapeDistribution::default();
+        let index = FgdIndex::new(&dist, &cluster);
+        let cfg = SchedulerConfig {
+            node_policy: Policy::Fgd,
+            ..SchedulerConfig::default()
+        };
+        let pod = PodRequest {
+            app: vec![req(1, 200, 10)],
+            constraints: with_room(Some(100), None),
+            ..PodRequest::default()
+        };
+        let got = schedule(
+            &cluster,
+            &pod,
+            [0],
+            &cfg,
+            Some(&index),
+            &mut SplitMix64::new(1),
+        );
+        let Err(ScheduleError::NoNodeFits { failed }) = got else {
+            panic!("expected no fit, got {got:?}");
+        };
+        assert_eq!(failed[0].1.to_string(), "2/2 ResourceQuotaNotFit");
     }
 
     #[test]
