@@ -6,7 +6,9 @@
 //! end and skips a GPU that is unhealthy or cordoned, of a refused type,
 //! mode or UUID, out of slots, short of memory or cores, already used when
 //! the request is exclusive (100 cores), or fully used in cores when the
-//! request asks for 0 cores. With numa-bind, picks restart whenever the NUMA
+//! request asks for 0 cores; a GPU that passes all that is still skipped
+//! when its pick would take the pod past its namespace's quota room
+//! (`Constraints::quota`). With numa-bind, picks restart whenever the NUMA
 //! node changes. Init containers are each fitted against the node as it was
 //! before the pod (they run one at a time: the pod needs their peak); app
 //! containers are fitted one after the other, each seeing the picks of the
@@ -344,6 +346,7 @@ pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPick
             let scope = quota_scope.get_or_insert_with(|| c.clone());
             let mut left = scope.quota.unwrap_or(room);
             for pick in &p {
+                // Always fits: fit_container took these picks from this room.
                 left.take(pick.usedmem, pick.usedcores);
             }
             scope.quota = Some(left);
