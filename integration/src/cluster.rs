@@ -484,6 +484,29 @@ impl Cluster {
         Ok((crate::checker::check(&pods, &nodes), pods))
     }
 
+    /// The scheduler-webhook's `/metrics` text, scraped now.
+    ///
+    /// # Errors
+    /// The scrape failed.
+    pub async fn metrics(&self) -> Result<String, ClusterError> {
+        use http_body_util::BodyExt as _;
+        use hyper_util::client::legacy::Client;
+        use hyper_util::rt::TokioExecutor;
+
+        let failed = |e: &dyn std::fmt::Display| start_err("scheduler-webhook /metrics", e);
+        let uri: http::Uri = self.metrics_url.parse().map_err(|e| failed(&e))?;
+        let client: Client<_, http_body_util::Empty<bytes::Bytes>> =
+            Client::builder(TokioExecutor::new()).build_http();
+        let response = client.get(uri).await.map_err(|e| failed(&e))?;
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| failed(&e))?
+            .to_bytes();
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
     /// The fake scheduler's counters.
     #[must_use]
     pub fn scheduler_stats(&self) -> crate::fake_scheduler::Stats {

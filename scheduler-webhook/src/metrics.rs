@@ -2,8 +2,8 @@
 //! HAMi-WebUI and its dashboards work unchanged) plus our own latency and
 //! decision counters.
 //!
-//! GPU and slice gauges are rebuilt from a model snapshot at every scrape;
-//! counters and histograms are updated by the handlers.
+//! GPU, slice and quota gauges are rebuilt from a model snapshot at every
+//! scrape; counters and histograms are updated by the handlers.
 
 use std::sync::atomic::AtomicU64;
 
@@ -14,7 +14,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use proto::hami::resources::ResourceNames;
+
 use crate::cache::model::{GpuSnapshot, SliceSnapshot};
+use crate::core::quota::QuotaStatus;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -37,6 +40,22 @@ pub struct SliceLabels {
     device_uuid: String,
 }
 
+/// Labels of `hami_resource_quota_used` (HAMi's: the limit is a label too,
+/// `"0"` when none is set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaUsedLabels {
+    namespace: String,
+    quota_name: String,
+    limit: String,
+}
+
+/// Labels of `hami_resource_quota_limit`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLimitLabels {
+    namespace: String,
+    quota_name: String,
+}
+
 /// Labels of decision counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -56,6 +75,8 @@ pub struct Metrics {
     node_memory_ratio: Family<GpuLabels, FloatGauge>,
     vgpu_memory: Family<SliceLabels, FloatGauge>,
     vgpu_core: Family<SliceLabels, FloatGauge>,
+    quota_used: Family<QuotaUsedLabels, FloatGauge>,
+    quota_limit: Family<QuotaLimitLabels, FloatGauge>,
     /// Filter decisions by result (`placed`, `no_fit`, `invalid`, `no_gpu`).
     pub filter_results: Family<ResultLabels, Counter>,
     /// Bind outcomes by result (`bound`, `failed`).
@@ -92,6 +113,8 @@ impl Metrics {
             node_memory_ratio: Family::default(),
             vgpu_memory: Family::default(),
             vgpu_core: Family::default(),
+            quota_used: Family::default(),
+            quota_limit: Family::default(),
             filter_results: Family::default(),
             bind_results: Family::default(),
             filter_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
@@ -137,6 +160,16 @@ impl Metrics {
             "hami_vgpu_core_allocated_ratio",
             "Device cores allocated to a container (1 = one card)",
             m.vgpu_core.clone(),
+        );
+        registry.register(
+            "hami_resource_quota_used",
+            "ResourceQuota use of GPU memory (MiB) or cores (percent) in a namespace",
+            m.quota_used.clone(),
+        );
+        registry.register(
+            "hami_resource_quota_limit",
+            "ResourceQuota limit of GPU memory (MiB, as written) or cores (percent) in a namespace",
+            m.quota_limit.clone(),
         );
         registry.register(
             "gpuslice_filter_decisions",
@@ -232,6 +265,37 @@ impl Metrics {
         }
     }
 
+    /// Replaces the quota gauges: per namespace and key, the use (labelled
+    /// with its limit, as HAMi does) and the limit when one is set.
+    /// `quota_name` is the resource name without `limits.`.
+    pub fn refresh_quotas(&self, quotas: &[QuotaStatus], names: &ResourceNames) {
+        self.quota_used.clear();
+        self.quota_limit.clear();
+        #[allow(clippy::cast_precision_loss)] // MiB and percent counts are far below 2^52
+        for q in quotas {
+            for (resource, used, limit) in [
+                (&names.resource_mem, q.used.memory_mib, q.limits.memory_mib),
+                (&names.resource_cores, q.used.cores, q.limits.cores),
+            ] {
+                self.quota_used
+                    .get_or_create(&QuotaUsedLabels {
+                        namespace: q.namespace.clone(),
+                        quota_name: resource.clone(),
+                        limit: limit.unwrap_or(0).to_string(),
+                    })
+                    .set(used as f64);
+                if let Some(limit) = limit {
+                    self.quota_limit
+                        .get_or_create(&QuotaLimitLabels {
+                            namespace: q.namespace.clone(),
+                            quota_name: resource.clone(),
+                        })
+                        .set(limit as f64);
+                }
+            }
+        }
+    }
+
     /// The OpenMetrics text exposition.
     #[must_use]
     pub fn encode(&self) -> String {
@@ -284,5 +348,41 @@ mod tests {
         // A GPU that disappears from the snapshot disappears from the output.
         m.refresh(&[], &[]);
         assert!(!m.encode().contains("GPU-a"));
+    }
+
+    #[test]
+    fn quota_use_and_limit_carry_hamis_labels() {
+        use crate::core::quota::{QuotaLimits, QuotaUse};
+
+        let m = Metrics::new();
+        let limited = QuotaStatus {
+            namespace: "team-a".into(),
+            limits: QuotaLimits {
+                memory_mib: Some(8192),
+                cores: None,
+            },
+            used: QuotaUse {
+                memory_mib: 4096,
+                cores: 50,
+            },
+            memory_factor: 1,
+        };
+        m.refresh_quotas(&[limited], &ResourceNames::default());
+        let text = m.encode();
+        for line in [
+            r#"hami_resource_quota_used{namespace="team-a",quota_name="nvidia.com/gpumem",limit="8192"} 4096.0"#,
+            r#"hami_resource_quota_used{namespace="team-a",quota_name="nvidia.com/gpucores",limit="0"} 50.0"#,
+            r#"hami_resource_quota_limit{namespace="team-a",quota_name="nvidia.com/gpumem"} 8192.0"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+        assert!(
+            !text.contains(
+                r#"hami_resource_quota_limit{namespace="team-a",quota_name="nvidia.com/gpucores"}"#
+            ),
+            "no limit series without a limit: {text}"
+        );
+        m.refresh_quotas(&[], &ResourceNames::default());
+        assert!(!m.encode().contains("team-a"));
     }
 }

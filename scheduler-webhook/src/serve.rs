@@ -2,10 +2,10 @@
 //! the HTTP routes, and serves until the shutdown future completes.
 //!
 //! ```text
-//!  kube watch (nodes, pods) ──▶ owner task (ClusterModel) ◀── /filter, /bind
-//!                                                              /webhook (pure)
-//!  /healthz: process up     /readyz: nodes and pods listed once
-//!  /metrics (own port): HAMi's GPU and slice gauges, our latency histograms
+//!  kube watch (nodes, pods,  ──▶ owner task (ClusterModel) ◀── /filter, /bind
+//!   resourcequotas)                                    ◀── /webhook (quota room)
+//!  /healthz: process up     /readyz: nodes, pods and quotas listed once
+//!  /metrics (own port): HAMi's GPU, slice and quota gauges, our latency histograms
 //! ```
 
 use std::future::Future;
@@ -20,7 +20,6 @@ use tracing::info;
 use crate::cache::model::{ClusterModel, ModelConfig};
 use crate::cache::owner::{self, ModelHandle};
 use crate::core::policy::{GpuPolicy, Policy, SchedulerConfig};
-use crate::core::request::RequestConfig;
 use crate::extender::handler::ExtenderState;
 use crate::metrics::Metrics;
 use crate::settings::{Settings, parse_listen};
@@ -87,12 +86,7 @@ pub fn model_config(settings: &Settings) -> Result<ModelConfig, ServeError> {
             gpu_policy,
             ..SchedulerConfig::default()
         },
-        requests: RequestConfig {
-            names: settings.resources.clone(),
-            default_memory: u64::from(settings.default_memory),
-            default_cores: settings.default_cores,
-            memory_factor: settings.memory_factor,
-        },
+        requests: WebhookConfig::from(settings).request_config(),
         seed: 0,
     })
 }
@@ -101,10 +95,19 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().body("ok")
 }
 
-async fn metrics(model: web::Data<ModelHandle>, metrics: web::Data<Arc<Metrics>>) -> HttpResponse {
-    match model.snapshot().await {
-        Ok((gpus, slices)) => {
+async fn metrics(
+    model: web::Data<ModelHandle>,
+    metrics: web::Data<Arc<Metrics>>,
+    names: web::Data<proto::hami::resources::ResourceNames>,
+) -> HttpResponse {
+    let snapshot = match model.snapshot().await {
+        Ok(s) => model.quotas().await.map(|q| (s, q)),
+        Err(gone) => Err(gone),
+    };
+    match snapshot {
+        Ok(((gpus, slices), quotas)) => {
             metrics.refresh(&gpus, &slices);
+            metrics.refresh_quotas(&quotas, &names);
             HttpResponse::Ok()
                 .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
                 .body(metrics.encode())
@@ -202,10 +205,12 @@ pub async fn run_on(
     };
     let metrics_model = web::Data::new(model.clone());
     let metrics_registry = web::Data::new(registry);
+    let metrics_names = web::Data::new(settings.resources.clone());
     let metrics_server = HttpServer::new(move || {
         App::new()
             .app_data(metrics_model.clone())
             .app_data(metrics_registry.clone())
+            .app_data(metrics_names.clone())
             .route("/metrics", web::get().to(metrics))
     })
     .workers(1)

@@ -2,7 +2,7 @@
 //!
 //! - [`model`]: the pure model fed with Kubernetes objects and asked to place pods;
 //! - [`owner`]: the single task that owns the model and serializes every change;
-//! - [`watch`]: kube-rs watchers over nodes and pods feeding the owner.
+//! - [`watch`]: kube-rs watchers over nodes, pods and resource quotas feeding the owner.
 
 pub mod model;
 pub mod owner;

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod};
+use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod, ResourceQuota};
 use proto::hami::handshake::Handshake;
 use proto::hami::keys;
 use proto::hami::pod_devices::PodDevices;
@@ -16,6 +16,7 @@ use proto::hami::register;
 
 use crate::core::model::{Cluster, Node};
 use crate::core::policy::{SchedulerConfig, schedule};
+use crate::core::quota::{QuotaBook, QuotaLimits, QuotaStatus, QuotaUse};
 use crate::core::request::{ContainerLite, PodRequest, PodSpecLite, RequestConfig};
 use crate::core::reservation::HostResources;
 use crate::core::rng::SplitMix64;
@@ -77,6 +78,24 @@ pub struct ClusterModel {
     observed: HashMap<String, Observed>,
     /// Filter decisions not yet bound: pod UID → node and devices.
     decisions: HashMap<String, Decided>,
+    /// ResourceQuota limits per namespace and what each pod is charged.
+    quotas: QuotaBook,
+}
+
+/// A `spec.hard` value of a ResourceQuota that is not a whole number; the
+/// key is ignored (no limit from this object).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("resourcequota {namespace}/{name} {key}: {error}")]
+pub struct BadQuota {
+    /// Namespace.
+    pub namespace: String,
+    /// Quota name.
+    pub name: String,
+    /// The `spec.hard` key.
+    pub key: String,
+    /// Why the value does not parse.
+    #[source]
+    pub error: crate::quantity::QuantityError,
 }
 
 /// A pod known to hold an allocation.
@@ -147,6 +166,7 @@ impl ClusterModel {
         Self {
             cluster: Cluster::new(Vec::new()),
             rng: SplitMix64::new(config.seed),
+            quotas: QuotaBook::new(config.requests.memory_factor),
             config,
             registers: HashMap::new(),
             waiting: HashMap::new(),
@@ -236,6 +256,11 @@ impl ClusterModel {
                 name: pod.metadata.name.clone().unwrap_or_default(),
                 allocation: allocation.clone(),
             };
+            self.quotas.charge(
+                uid,
+                &who.namespace,
+                QuotaUse::of_devices(&allocation.devices, allocation.init_count),
+            );
             self.observed.insert(uid.to_owned(), who);
             self.observe(uid, allocation);
         }
@@ -247,6 +272,71 @@ impl ClusterModel {
         self.waiting.remove(uid);
         self.observed.remove(uid);
         self.decisions.remove(uid);
+        self.quotas.refund(uid);
+    }
+
+    /// Applies a ResourceQuota from the watch: its `limits.<gpumem>` and
+    /// `limits.<gpucores>` (other keys are not ours). A value that does not
+    /// parse is ignored and reported; the rest of the quota still applies.
+    ///
+    /// # Errors
+    /// One [`BadQuota`] per value ignored.
+    pub fn apply_quota(&mut self, quota: &ResourceQuota) -> Result<(), Vec<BadQuota>> {
+        let (Some(namespace), Some(name)) = (
+            quota.metadata.namespace.as_deref(),
+            quota.metadata.name.as_deref(),
+        ) else {
+            return Ok(());
+        };
+        let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
+        let names = &self.config.requests.names;
+        let mut bad = Vec::new();
+        let mut read = |resource: &str| -> Option<u64> {
+            let key = format!("limits.{resource}");
+            let q = hard?.get(&key)?;
+            match parse_whole(&q.0) {
+                Ok(v) => Some(v.unsigned_abs()),
+                Err(error) => {
+                    bad.push(BadQuota {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                        key,
+                        error,
+                    });
+                    None
+                }
+            }
+        };
+        let limits = QuotaLimits {
+            memory_mib: read(&names.resource_mem),
+            cores: read(&names.resource_cores),
+        };
+        self.quotas.set_quota(namespace, name, limits);
+        if bad.is_empty() { Ok(()) } else { Err(bad) }
+    }
+
+    /// A ResourceQuota was deleted.
+    pub fn delete_quota(&mut self, namespace: &str, name: &str) {
+        self.quotas.remove_quota(namespace, name);
+    }
+
+    /// Quotas known, as (namespace, name) (for reconciling after a relist).
+    pub fn quota_keys(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.quotas.quota_keys()
+    }
+
+    /// One namespace's quota limits and use; `None` when it has no quota.
+    #[must_use]
+    pub fn quota_status(&self, namespace: &str) -> Option<QuotaStatus> {
+        self.quotas
+            .room(namespace)
+            .map(|_| self.quotas.status(namespace))
+    }
+
+    /// Every namespace with a quota or GPU use (for metrics).
+    #[must_use]
+    pub fn quota_snapshot(&self) -> Vec<QuotaStatus> {
+        self.quotas.statuses()
     }
 
     /// Pods known from their annotations (for reconciling after a relist).
@@ -352,7 +442,7 @@ impl ClusterModel {
             Ok(l) => l,
             Err(e) => return FilterOutcome::Invalid(e),
         };
-        let request = match PodRequest::from_pod(&lite, &self.config.requests) {
+        let mut request = match PodRequest::from_pod(&lite, &self.config.requests) {
             Ok(r) => r,
             Err(e) => return FilterOutcome::Invalid(e.to_string()),
         };
@@ -362,6 +452,9 @@ impl ClusterModel {
         // HAMi drops the pod's earlier reservation before fitting again.
         self.cluster.release(&lite.uid);
         self.decisions.remove(&lite.uid);
+        self.quotas.refund(&lite.uid);
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        request.constraints.quota = self.quotas.room(namespace);
 
         let mut failed = BTreeMap::new();
         let mut ids = Vec::with_capacity(candidates.len());
@@ -400,6 +493,11 @@ impl ClusterModel {
                     HostResources::default(),
                 ) {
                     Ok(()) => {
+                        self.quotas.charge(
+                            &lite.uid,
+                            namespace,
+                            QuotaUse::of_devices(&devices, decision.init_count()),
+                        );
                         self.decisions.insert(
                             lite.uid.clone(),
                             Decided {
@@ -448,6 +546,7 @@ impl ClusterModel {
     /// Drops a pod's reservation (bind failed); harmless when there is none.
     pub fn release(&mut self, uid: &str) -> bool {
         self.decisions.remove(uid);
+        self.quotas.refund(uid);
         self.cluster.release(uid)
     }
 
@@ -726,6 +825,171 @@ mod tests {
             model.filter(&slice_pod("a", 100, 10), &names(&["n1"])),
             FilterOutcome::Placed { .. }
         ));
+    }
+
+    fn quota(ns: &str, name: &str, hard: serde_json::Value) -> ResourceQuota {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"hard": hard}
+        }))
+        .unwrap()
+    }
+
+    fn used(model: &ClusterModel, ns: &str) -> (u64, u64) {
+        model
+            .quota_snapshot()
+            .iter()
+            .find(|q| q.namespace == ns)
+            .map_or((0, 0), |q| (q.used.memory_mib, q.used.cores))
+    }
+
+    fn allocated(mut pod: Pod, node: &str, devices: &str) -> Pod {
+        pod.metadata.annotations = Some(BTreeMap::from([
+            (keys::VGPU_NODE.to_owned(), node.to_owned()),
+            (keys::VGPU_DEVICES_ALLOCATED.to_owned(), devices.to_owned()),
+        ]));
+        pod
+    }
+
+    #[test]
+    fn quota_use_follows_reservations_allocations_and_finished_pods() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 2, 10_000)).unwrap();
+        model
+            .apply_quota(&quota(
+                "ns",
+                "gpu",
+                json!({"limits.nvidia.com/gpumem": "5000", "limits.nvidia.com/gpucores": "100"}),
+            ))
+            .unwrap();
+        // A reservation counts at once.
+        assert!(matches!(
+            model.filter(&slice_pod("a", 3000, 30), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        assert_eq!(used(&model, "ns"), (3000, 30));
+        // The next pod sees only the room left: 2000 MiB.
+        let FilterOutcome::NoFit { failed } =
+            model.filter(&slice_pod("b", 2500, 10), &names(&["n1"]))
+        else {
+            panic!("expected no fit");
+        };
+        assert_eq!(failed["n1"], "2/2 ResourceQuotaNotFit");
+        assert_eq!(
+            used(&model, "ns"),
+            (3000, 30),
+            "a failed filter charges nothing"
+        );
+        // Filtering the same pod again replaces its charge.
+        assert!(matches!(
+            model.filter(&slice_pod("a", 3000, 30), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        assert_eq!(used(&model, "ns"), (3000, 30));
+        // Released (bind failed): refunded.
+        model.release("a");
+        assert_eq!(used(&model, "ns"), (0, 0));
+        // An allocation from annotations counts; a finished pod refunds it.
+        let mut held = allocated(slice_pod("held", 0, 0), "n1", "GPU-n1-0,NVIDIA,4000,20:;");
+        model.apply_pod(&held);
+        assert_eq!(used(&model, "ns"), (4000, 20));
+        held.status = Some(serde_json::from_value(json!({"phase": "Failed"})).unwrap());
+        model.apply_pod(&held);
+        assert_eq!(used(&model, "ns"), (0, 0));
+        // A deleted pod refunds too, and other namespaces are not charged here.
+        model.apply_pod(&allocated(
+            slice_pod("gone", 0, 0),
+            "n1",
+            "GPU-n1-1,NVIDIA,1000,10:;",
+        ));
+        assert_eq!(used(&model, "ns"), (1000, 10));
+        model.delete_pod("gone");
+        assert_eq!(used(&model, "ns"), (0, 0));
+    }
+
+    #[test]
+    fn the_tightest_quota_wins_and_deleting_it_loosens_the_limit() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 1, 10_000)).unwrap();
+        model
+            .apply_quota(&quota(
+                "ns",
+                "wide",
+                json!({"limits.nvidia.com/gpumem": "8000", "pods": "10"}),
+            ))
+            .unwrap();
+        model
+            .apply_quota(&quota(
+                "ns",
+                "tight",
+                json!({"limits.nvidia.com/gpumem": "2Ki"}),
+            ))
+            .unwrap();
+        let status = model.quota_status("ns").unwrap();
+        assert_eq!(status.limits.memory_mib, Some(2048));
+        assert_eq!(status.limits.cores, None);
+        assert!(matches!(
+            model.filter(&slice_pod("a", 3000, 10), &names(&["n1"])),
+            FilterOutcome::NoFit { .. }
+        ));
+        model.delete_quota("ns", "tight");
+        assert_eq!(
+            model.quota_status("ns").unwrap().limits.memory_mib,
+            Some(8000)
+        );
+        assert!(matches!(
+            model.filter(&slice_pod("a", 3000, 10), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        model.delete_quota("ns", "wide");
+        assert_eq!(model.quota_status("ns"), None);
+        assert_eq!(model.quota_keys().count(), 0);
+    }
+
+    #[test]
+    fn a_quota_without_our_keys_or_with_a_bad_value_limits_nothing() {
+        let mut model = ClusterModel::new(config());
+        model
+            .apply_quota(&quota(
+                "ns",
+                "cpu",
+                json!({"limits.cpu": "4", "requests.nvidia.com/gpumem": "10"}),
+            ))
+            .unwrap();
+        assert_eq!(model.quota_status("ns"), None);
+        let bad = model
+            .apply_quota(&quota(
+                "ns",
+                "typo",
+                json!({"limits.nvidia.com/gpumem": "lots", "limits.nvidia.com/gpucores": "50"}),
+            ))
+            .unwrap_err();
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].key, "limits.nvidia.com/gpumem");
+        assert!(bad[0].to_string().contains("ns/typo"), "{}", bad[0]);
+        let status = model.quota_status("ns").unwrap();
+        assert_eq!(
+            (status.limits.memory_mib, status.limits.cores),
+            (None, Some(50))
+        );
+    }
+
+    #[test]
+    fn quota_keys_follow_the_configured_resource_names() {
+        let mut cfg = config();
+        cfg.requests.names.resource_mem = "example.com/vmem".into();
+        let mut model = ClusterModel::new(cfg);
+        model
+            .apply_quota(&quota(
+                "ns",
+                "q",
+                json!({"limits.nvidia.com/gpumem": "10", "limits.example.com/vmem": "20"}),
+            ))
+            .unwrap();
+        assert_eq!(
+            model.quota_status("ns").unwrap().limits.memory_mib,
+            Some(20)
+        );
     }
 
     #[test]

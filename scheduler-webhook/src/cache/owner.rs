@@ -6,11 +6,12 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn};
 
 use super::model::{ClusterModel, Decided, FilterOutcome, GpuSnapshot, SliceSnapshot};
+use crate::core::quota::QuotaStatus;
 
 /// The kinds the model is fed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +20,8 @@ pub enum Kind {
     Nodes,
     /// Pods.
     Pods,
+    /// ResourceQuotas.
+    Quotas,
 }
 
 /// A message to the model's owner.
@@ -32,6 +35,15 @@ pub enum Command {
     ApplyPod(Box<Pod>),
     /// A pod was deleted (by UID).
     DeletePod(String),
+    /// A ResourceQuota was added or changed.
+    ApplyQuota(Box<ResourceQuota>),
+    /// A ResourceQuota was deleted.
+    DeleteQuota {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
     /// A full relist of `Kind` starts: objects not seen before it ends are gone.
     RelistStarted(Kind),
     /// The relist of `Kind` ended.
@@ -58,6 +70,18 @@ pub enum Command {
     Snapshot {
         /// Where the answer goes.
         reply: oneshot::Sender<(Vec<GpuSnapshot>, Vec<SliceSnapshot>)>,
+    },
+    /// Read one namespace's quota limits and use (`None`: no quota there).
+    GetQuota {
+        /// The namespace.
+        namespace: String,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Option<QuotaStatus>>,
+    },
+    /// Read every namespace's quota limits and use (for metrics).
+    GetQuotas {
+        /// Where the answer goes.
+        reply: oneshot::Sender<Vec<QuotaStatus>>,
     },
     /// The pod is bound: its reservation is now a commitment.
     Commit(String),
@@ -131,7 +155,31 @@ impl ModelHandle {
         rx.await.map_err(|_| ModelGone)
     }
 
-    /// Whether both nodes and pods have been listed once.
+    /// One namespace's quota limits and use; `None` when it has no quota.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn quota(&self, namespace: &str) -> Result<Option<QuotaStatus>, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::GetQuota {
+            namespace: namespace.to_owned(),
+            reply,
+        })
+        .await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// Every namespace's quota limits and use.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn quotas(&self) -> Result<Vec<QuotaStatus>, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::GetQuotas { reply }).await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// Whether nodes, pods and quotas have been listed once.
     #[must_use]
     pub fn is_ready(&self) -> bool {
         *self.ready.borrow()
@@ -164,8 +212,10 @@ pub fn spawn(model: ClusterModel) -> ModelHandle {
 struct Relist {
     nodes: Option<HashSet<String>>,
     pods: Option<HashSet<String>>,
+    quotas: Option<HashSet<(String, String)>>,
     nodes_listed: bool,
     pods_listed: bool,
+    quotas_listed: bool,
 }
 
 async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: watch::Sender<bool>) {
@@ -190,8 +240,24 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 model.apply_pod(&pod);
             }
             Command::DeletePod(uid) => model.delete_pod(&uid),
+            Command::ApplyQuota(quota) => {
+                if let (Some(seen), Some(ns), Some(name)) = (
+                    relist.quotas.as_mut(),
+                    quota.metadata.namespace.as_ref(),
+                    quota.metadata.name.as_ref(),
+                ) {
+                    seen.insert((ns.clone(), name.clone()));
+                }
+                if let Err(bad) = model.apply_quota(&quota) {
+                    for error in bad {
+                        warn!(%error, "resourcequota value is not a whole number; that limit is ignored");
+                    }
+                }
+            }
+            Command::DeleteQuota { namespace, name } => model.delete_quota(&namespace, &name),
             Command::RelistStarted(Kind::Nodes) => relist.nodes = Some(HashSet::new()),
             Command::RelistStarted(Kind::Pods) => relist.pods = Some(HashSet::new()),
+            Command::RelistStarted(Kind::Quotas) => relist.quotas = Some(HashSet::new()),
             Command::RelistDone(Kind::Nodes) => {
                 let seen = relist.nodes.take().unwrap_or_default();
                 let gone: Vec<String> = model
@@ -216,6 +282,18 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 }
                 relist.pods_listed = true;
             }
+            Command::RelistDone(Kind::Quotas) => {
+                let seen = relist.quotas.take().unwrap_or_default();
+                let gone: Vec<(String, String)> = model
+                    .quota_keys()
+                    .filter(|(ns, name)| !seen.contains(&((*ns).to_owned(), (*name).to_owned())))
+                    .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+                    .collect();
+                for (ns, name) in gone {
+                    model.delete_quota(&ns, &name);
+                }
+                relist.quotas_listed = true;
+            }
             Command::Filter {
                 pod,
                 candidates,
@@ -234,6 +312,12 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
             Command::Snapshot { reply } => {
                 let _ = reply.send((model.gpu_snapshot(), model.slice_snapshot()));
             }
+            Command::GetQuota { namespace, reply } => {
+                let _ = reply.send(model.quota_status(&namespace));
+            }
+            Command::GetQuotas { reply } => {
+                let _ = reply.send(model.quota_snapshot());
+            }
             Command::Commit(uid) => {
                 if let Err(error) = model.commit(&uid) {
                     debug!(%uid, %error, "commit without reservation (already observed from annotations)");
@@ -243,8 +327,77 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 model.release(&uid);
             }
         }
-        if relist.nodes_listed && relist.pods_listed && !*ready.borrow() {
+        if relist.nodes_listed && relist.pods_listed && relist.quotas_listed && !*ready.borrow() {
             let _ = ready.send(true);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::cache::model::ModelConfig;
+    use crate::core::policy::SchedulerConfig;
+    use crate::core::request::RequestConfig;
+
+    fn model() -> ClusterModel {
+        ClusterModel::new(ModelConfig {
+            scheduler: SchedulerConfig::default(),
+            requests: RequestConfig::default(),
+            seed: 1,
+        })
+    }
+
+    fn quota(name: &str, mem: &str) -> ResourceQuota {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": mem}}
+        }))
+        .unwrap()
+    }
+
+    async fn listed(handle: &ModelHandle, kind: Kind, quotas: Vec<ResourceQuota>) {
+        handle.send(Command::RelistStarted(kind)).await.unwrap();
+        for q in quotas {
+            handle.send(Command::ApplyQuota(Box::new(q))).await.unwrap();
+        }
+        handle.send(Command::RelistDone(kind)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_quotas_and_a_relist_drops_quotas_deleted_meanwhile() {
+        let handle = spawn(model());
+        listed(&handle, Kind::Nodes, vec![]).await;
+        listed(&handle, Kind::Pods, vec![]).await;
+        // A round trip through the owner: every command before it is applied.
+        assert_eq!(handle.quota("team-a").await.unwrap(), None);
+        assert!(!handle.is_ready(), "quotas not listed yet");
+
+        listed(
+            &handle,
+            Kind::Quotas,
+            vec![quota("tight", "1000"), quota("wide", "5000")],
+        )
+        .await;
+        handle.wait_ready().await.unwrap();
+        let status = handle.quota("team-a").await.unwrap().unwrap();
+        assert_eq!(status.limits.memory_mib, Some(1000));
+
+        // The watch broke; "tight" was deleted before the relist.
+        listed(&handle, Kind::Quotas, vec![quota("wide", "5000")]).await;
+        let status = handle.quota("team-a").await.unwrap().unwrap();
+        assert_eq!(status.limits.memory_mib, Some(5000));
+        assert_eq!(handle.quotas().await.unwrap().len(), 1);
+
+        handle
+            .send(Command::DeleteQuota {
+                namespace: "team-a".into(),
+                name: "wide".into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(handle.quota("team-a").await.unwrap(), None);
     }
 }

@@ -1,4 +1,5 @@
-//! kube-rs watchers over nodes and pods, forwarded to the model's owner.
+//! kube-rs watchers over nodes, pods and resource quotas, forwarded to the
+//! model's owner.
 //!
 //! Thin: each watcher event becomes one [`Command`]. Errors are logged and
 //! the watcher retries with backoff; a relist is bracketed by
@@ -6,14 +7,14 @@
 //! dropped from the model.
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use tracing::warn;
 
 use super::owner::{Command, Kind, ModelHandle};
 
-/// Runs both watchers until the model's owner stops.
+/// Runs the three watchers until the model's owner stops.
 pub async fn run(client: Client, model: ModelHandle) {
     let nodes = forward(
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
@@ -23,13 +24,29 @@ pub async fn run(client: Client, model: ModelHandle) {
         |n: &Node| n.meta().name.clone().map(Command::DeleteNode),
     );
     let pods = forward(
-        watcher(Api::<Pod>::all(client), watcher::Config::default()),
-        model,
+        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()),
+        model.clone(),
         Kind::Pods,
         |p: Pod| Command::ApplyPod(Box::new(p)),
         |p: &Pod| p.meta().uid.clone().map(Command::DeletePod),
     );
-    tokio::join!(nodes, pods);
+    let quotas = forward(
+        watcher(
+            Api::<ResourceQuota>::all(client),
+            watcher::Config::default(),
+        ),
+        model,
+        Kind::Quotas,
+        |q: ResourceQuota| Command::ApplyQuota(Box::new(q)),
+        |q: &ResourceQuota| {
+            let meta = q.meta();
+            Some(Command::DeleteQuota {
+                namespace: meta.namespace.clone()?,
+                name: meta.name.clone()?,
+            })
+        },
+    );
+    tokio::join!(nodes, pods, quotas);
 }
 
 async fn forward<K, S>(

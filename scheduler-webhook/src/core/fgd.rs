@@ -409,6 +409,13 @@ impl FgdIndex {
             let Ok(p) = check_gpu(g, u, &r, &req.constraints) else {
                 continue;
             };
+            if req
+                .constraints
+                .quota
+                .is_some_and(|q| !q.admits(p.usedmem, p.usedcores))
+            {
+                continue;
+            }
             let same = tried.iter().any(|&t| {
                 node.usage[t] == *u
                     && node.gpus[t].device_type == g.device_type

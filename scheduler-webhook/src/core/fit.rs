@@ -6,7 +6,9 @@
 //! end and skips a GPU that is unhealthy or cordoned, of a refused type,
 //! mode or UUID, out of slots, short of memory or cores, already used when
 //! the request is exclusive (100 cores), or fully used in cores when the
-//! request asks for 0 cores. With numa-bind, picks restart whenever the NUMA
+//! request asks for 0 cores; a GPU that passes all that is still skipped
+//! when its pick would take the pod past its namespace's quota room
+//! (`Constraints::quota`). With numa-bind, picks restart whenever the NUMA
 //! node changes. Init containers are each fitted against the node as it was
 //! before the pod (they run one at a time: the pod needs their peak); app
 //! containers are fitted one after the other, each seeing the picks of the
@@ -44,6 +46,8 @@ pub enum Reason {
     NodeInsufficientDevice,
     /// Picks were dropped because the NUMA node changed (numa-bind).
     NumaNotFit,
+    /// The pick would take the pod past its namespace's ResourceQuota.
+    ResourceQuotaNotFit,
     /// Not enough free CPU on the node (simulation only).
     InsufficientCpu,
     /// Not enough free memory on the node (simulation only).
@@ -53,7 +57,7 @@ pub enum Reason {
 impl Reason {
     /// Every reason, in the order they are reported (alphabetical, so
     /// messages are stable; HAMi's order is Go map order).
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::AllocatedCardsInsufficientRequest,
         Self::CardComputeUnitsExhausted,
         Self::CardCordoned,
@@ -66,6 +70,7 @@ impl Reason {
         Self::ExclusiveDeviceAllocateConflict,
         Self::NodeInsufficientDevice,
         Self::NumaNotFit,
+        Self::ResourceQuotaNotFit,
         Self::InsufficientCpu,
         Self::InsufficientMemory,
     ];
@@ -86,6 +91,7 @@ impl Reason {
             Self::ExclusiveDeviceAllocateConflict => "ExclusiveDeviceAllocateConflict",
             Self::NodeInsufficientDevice => "NodeInsufficientDevice",
             Self::NumaNotFit => "NumaNotFit",
+            Self::ResourceQuotaNotFit => "ResourceQuotaNotFit",
             Self::InsufficientCpu => "Insufficient cpu",
             Self::InsufficientMemory => "Insufficient memory",
         }
@@ -243,6 +249,8 @@ pub fn fit_container(
     let mut fail = FitFailure::new(cards);
     let mut picks: Vec<Pick> = Vec::with_capacity(nums);
     let mut prev_numa: Option<u32> = None;
+    // Quota room left for this container's picks (`None`: no quota).
+    let mut room = c.quota;
     for &pos in order.iter().rev() {
         let (Some(gpu), Some(used)) = (node.gpus.get(pos), usage.get(pos)) else {
             continue;
@@ -255,12 +263,19 @@ pub fn fit_container(
             if !picks.is_empty() {
                 fail.add(Reason::NumaNotFit, picks.len());
                 picks.clear();
+                room = c.quota;
             }
             prev_numa = Some(gpu.numa);
         }
         match check_gpu(gpu, used, req, c) {
             Err(r) => fail.add(r, 1),
             Ok(p) => {
+                if let Some(left) = room.as_mut()
+                    && !left.take(p.usedmem, p.usedcores)
+                {
+                    fail.add(Reason::ResourceQuotaNotFit, 1);
+                    continue;
+                }
                 picks.push(Pick { gpu: pos, ..p });
                 if picks.len() == nums {
                     return Ok(picks);
@@ -377,6 +392,9 @@ pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPick
         });
     }
     let mut working: Option<Vec<GpuUse>> = None;
+    // With a quota, app containers share one room (they run together);
+    // each init container has the whole room (they run one at a time).
+    let mut quota_scope: Option<Constraints> = None;
     let last_gpu_app = req.app.iter().rposition(Option::is_some);
     for (i, r) in req.app.iter().enumerate() {
         let Some(r) = r else {
@@ -384,7 +402,18 @@ pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPick
             continue;
         };
         let usage = working.as_deref().unwrap_or(&node.usage);
-        let p = fit_container(node, usage, order, r, c)?;
+        let p = fit_container(node, usage, order, r, quota_scope.as_ref().unwrap_or(c))?;
+        if let Some(room) = c.quota
+            && Some(i) != last_gpu_app
+        {
+            let scope = quota_scope.get_or_insert_with(|| c.clone());
+            let mut left = scope.quota.unwrap_or(room);
+            for pick in &p {
+                // Always fits: fit_container took these picks from this room.
+                left.take(pick.usedmem, pick.usedcores);
+            }
+            scope.quota = Some(left);
+        }
         if Some(i) != last_gpu_app {
             let w = working.get_or_insert_with(|| node.usage.clone());
             apply_picks(w, &p);

@@ -14,6 +14,7 @@ pub mod fgd;
 pub mod fit;
 pub mod model;
 pub mod policy;
+pub mod quota;
 pub mod request;
 pub mod reservation;
 pub mod rng;

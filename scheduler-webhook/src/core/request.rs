@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use proto::hami::resources::ResourceNames;
 
 use crate::core::policy::{GpuPolicy, Policy, PolicyError};
+use crate::core::quota::QuotaRoom;
 
 /// `nvidia.com/use-gputype`: comma list, case-insensitive substring match.
 pub const USE_GPU_TYPE: &str = "nvidia.com/use-gputype";
@@ -176,6 +177,9 @@ pub struct Constraints {
     pub numa_bind: bool,
     /// The device mode must be a substring of this, when set.
     pub vgpu_mode: Option<String>,
+    /// Room left in the pod's namespace quota (`None`: no quota, the
+    /// common case, which costs the fit nothing).
+    pub quota: Option<QuotaRoom>,
 }
 
 impl Constraints {
@@ -267,6 +271,7 @@ impl PodRequest {
                 .get(NUMA_BIND)
                 .is_some_and(|v| go_parse_bool(v.trim())),
             vgpu_mode: pod.annotations.get(VGPU_MODE).cloned(),
+            quota: None,
         };
         let node_policy = pod
             .annotations

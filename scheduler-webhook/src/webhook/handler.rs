@@ -1,10 +1,13 @@
-//! The actix-web route for `POST /webhook`: bytes in, [`super::review::answer`], JSON out.
+//! The actix-web route for `POST /webhook`: bytes in, [`super::review::decide`],
+//! the namespace's quota room from the model (when the app carries a
+//! [`ModelHandle`]), JSON out.
 
 use actix_web::{HttpResponse, web};
 use tracing::{info, warn};
 
 use super::WebhookConfig;
-use super::review::answer;
+use super::review::{BadReview, decide};
+use crate::cache::owner::ModelHandle;
 
 /// Largest request body accepted, as kube-apiserver and HAMi use (1 MiB).
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -18,8 +21,12 @@ pub fn configure(cfg: &mut web::ServiceConfig, config: WebhookConfig) {
     );
 }
 
-async fn webhook(body: web::Bytes, config: web::Data<WebhookConfig>) -> HttpResponse {
-    match answer(&body, &config) {
+async fn webhook(
+    body: web::Bytes,
+    config: web::Data<WebhookConfig>,
+    model: Option<web::Data<ModelHandle>>,
+) -> HttpResponse {
+    match answer(&body, &config, model.as_ref().map(|m| m.get_ref())).await {
         Ok(review) => {
             let response = &review["response"];
             info!(
@@ -36,6 +43,29 @@ async fn webhook(body: web::Bytes, config: web::Data<WebhookConfig>) -> HttpResp
             HttpResponse::BadRequest().json(serde_json::json!({"error": error.to_string()}))
         }
     }
+}
+
+/// Decides, checks the quota (§4 step 6), encodes.
+async fn answer(
+    body: &[u8],
+    config: &WebhookConfig,
+    model: Option<&ModelHandle>,
+) -> Result<serde_json::Value, BadReview> {
+    let mut decision = decide(body, config)?;
+    if let (Some(model), Some(ask)) = (model, decision.quota_ask(config)) {
+        match model.quota(decision.namespace()).await {
+            Ok(Some(status)) => {
+                if let Some(exceeded) = status.refuse(ask) {
+                    decision.deny(exceeded.message(&config.resources));
+                }
+            }
+            Ok(None) => {}
+            // Fail open like the chart's failurePolicy: Ignore; the filter
+            // still enforces the quota.
+            Err(gone) => warn!(%gone, "quota not checked at admission"),
+        }
+    }
+    decision.encode()
 }
 
 #[cfg(test)]
@@ -83,6 +113,119 @@ mod tests {
                 .unwrap()
                 .starts_with("body is not JSON")
         );
+    }
+
+    // === quota (§4 step 6) ===
+
+    use crate::cache::model::{ClusterModel, ModelConfig};
+    use crate::cache::owner::{self, Command};
+
+    /// A model owner with `team-a` limited to 6000 MiB and 100 % cores, of
+    /// which a running pod holds 4000 MiB and 20 %.
+    async fn model_with_quota() -> ModelHandle {
+        let cfg = WebhookConfig::default();
+        let handle = owner::spawn(ClusterModel::new(ModelConfig {
+            scheduler: crate::core::policy::SchedulerConfig::default(),
+            requests: cfg.request_config(),
+            seed: 1,
+        }));
+        let quota = serde_json::from_value(json!({
+            "metadata": {"name": "gpu", "namespace": "team-a"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "6000", "limits.nvidia.com/gpucores": "100"}}
+        }))
+        .unwrap();
+        handle
+            .send(Command::ApplyQuota(Box::new(quota)))
+            .await
+            .unwrap();
+        let running = serde_json::from_value(json!({
+            "metadata": {"name": "running", "namespace": "team-a", "uid": "r1", "annotations": {
+                "hami.io/vgpu-node": "n1",
+                "hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,4000,20:;"}},
+            "spec": {"containers": [{"name": "c"}]}
+        }))
+        .unwrap();
+        handle
+            .send(Command::ApplyPod(Box::new(running)))
+            .await
+            .unwrap();
+        handle
+    }
+
+    fn review(namespace: &str, containers: serde_json::Value) -> serde_json::Value {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u1", "kind": {"kind": "Pod"}, "operation": "CREATE",
+                "namespace": namespace,
+                "object": {"metadata": {"generateName": "train-"}, "spec": {"containers": containers}}}
+        })
+    }
+
+    fn gpu_container(mem: &str, cores: &str) -> serde_json::Value {
+        json!([{"name": "cuda", "resources": {"limits": {
+            "nvidia.com/gpu": "1", "nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores}}}])
+    }
+
+    async fn ask(model: &ModelHandle, body: &serde_json::Value) -> serde_json::Value {
+        let app = test::init_service(
+            App::new()
+                .app_data(web::Data::new(model.clone()))
+                .configure(|c| configure(c, WebhookConfig::default())),
+        )
+        .await;
+        let req = test::TestRequest::post()
+            .uri("/webhook")
+            .set_json(body)
+            .to_request();
+        test::call_and_read_body_json(&app, req).await
+    }
+
+    #[actix_web::test]
+    async fn a_pod_over_its_namespace_quota_is_denied_with_the_numbers() {
+        let model = model_with_quota().await;
+        let resp = ask(&model, &review("team-a", gpu_container("8000", "10"))).await;
+        assert_eq!(resp["response"]["allowed"], false, "{resp}");
+        assert_eq!(resp["response"]["status"]["code"], 403);
+        assert_eq!(
+            resp["response"]["status"]["message"],
+            "namespace \"team-a\" quota limits.nvidia.com/gpumem: pod asks 8000 MiB, 2000 of 6000 MiB left"
+        );
+        assert!(resp["response"].get("patch").is_none());
+        // Cores: 20 of 100 used, two GPUs × 50 % is 100.
+        let two = json!([{"name": "cuda", "resources": {"limits": {
+            "nvidia.com/gpu": "2", "nvidia.com/gpumem": "100", "nvidia.com/gpucores": "50"}}}]);
+        let resp = ask(&model, &review("team-a", two)).await;
+        assert_eq!(
+            resp["response"]["status"]["message"],
+            "namespace \"team-a\" quota limits.nvidia.com/gpucores: pod asks 100%, 80 of 100% left"
+        );
+    }
+
+    #[actix_web::test]
+    async fn a_pod_under_quota_or_in_another_namespace_is_allowed_and_mutated() {
+        let model = model_with_quota().await;
+        for ns in ["team-a", "team-b"] {
+            let resp = ask(&model, &review(ns, gpu_container("2000", "10"))).await;
+            assert_eq!(resp["response"]["allowed"], true, "{ns}: {resp}");
+            assert_eq!(resp["response"]["patchType"], "JSONPatch", "{ns}");
+        }
+        let resp = ask(&model, &review("team-b", gpu_container("99999", "10"))).await;
+        assert_eq!(resp["response"]["allowed"], true, "team-b has no quota");
+    }
+
+    #[actix_web::test]
+    async fn pods_without_gpu_or_for_another_scheduler_are_untouched_by_quota() {
+        let model = model_with_quota().await;
+        let resp = ask(&model, &review("team-a", json!([{"name": "nginx"}]))).await;
+        assert_eq!(
+            resp["response"],
+            json!({"uid": "u1", "allowed": true}),
+            "no GPU, no quota check, no patch"
+        );
+        let mut other = review("team-a", gpu_container("8000", "10"));
+        other["request"]["object"]["spec"]["schedulerName"] = json!("volcano");
+        let resp = ask(&model, &other).await;
+        assert_eq!(resp["response"], json!({"uid": "u1", "allowed": true}));
     }
 
     #[actix_web::test]

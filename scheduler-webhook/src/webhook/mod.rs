@@ -3,7 +3,8 @@
 //! [`mutate`] decides for one pod (pure); [`review`] decodes an
 //! `AdmissionReview` (v1 or v1beta1) and encodes the answer in the same
 //! version with a base64 JSONPatch (pure); [`handler`] is the thin actix-web
-//! route around them.
+//! route around them, and the one place that asks the model for the
+//! namespace's quota room (§4 step 6, no API call).
 
 pub mod handler;
 pub mod mutate;
@@ -28,6 +29,20 @@ pub struct WebhookConfig {
     pub default_gpu_num: u32,
     /// Multiplier applied to memory requests.
     pub memory_factor: u32,
+}
+
+impl WebhookConfig {
+    /// How the scheduler reads requests with these names and defaults (the
+    /// quota check counts a pod exactly as the filter will).
+    #[must_use]
+    pub fn request_config(&self) -> crate::core::request::RequestConfig {
+        crate::core::request::RequestConfig {
+            names: self.resources.clone(),
+            default_memory: u64::from(self.default_memory),
+            default_cores: self.default_cores,
+            memory_factor: self.memory_factor,
+        }
+    }
 }
 
 impl Default for WebhookConfig {

@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 
 use super::WebhookConfig;
 use super::mutate::{Verdict, mutate};
+use crate::core::quota::QuotaUse;
+use crate::core::request::PodRequest;
 
 /// API versions of `AdmissionReview` we answer.
 pub const VERSIONS: &[&str] = &["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
@@ -34,13 +36,87 @@ pub enum BadReview {
 }
 
 /// Answers an `AdmissionReview` body: the response review as JSON, in the
-/// request's API version.
+/// request's API version. No quota check (see [`decide`]).
 ///
 /// Only pod CREATEs are examined; any other review is allowed unchanged.
 ///
 /// # Errors
 /// [`BadReview`] when the body cannot be answered at all.
 pub fn answer(body: &[u8], config: &WebhookConfig) -> Result<Value, BadReview> {
+    decide(body, config)?.encode()
+}
+
+/// A decoded review and the verdict on its pod, before it is encoded: the
+/// caller may still deny it (quota, §4 step 6) with [`Decision::deny`].
+#[derive(Debug, Clone)]
+pub struct Decision {
+    api_version: String,
+    uid: String,
+    namespace: String,
+    /// `request.object` as sent (the patch is computed against it).
+    object: Value,
+    /// The pod as admitted when it is ours and asks for a GPU.
+    gpu_pod: Option<Box<Pod>>,
+    /// What to answer.
+    pub verdict: Verdict,
+}
+
+impl Decision {
+    /// The namespace the pod is created in.
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// What the admitted pod asks of its namespace quota, when it is routed
+    /// to our scheduler and asks for a GPU (else `None`: nothing to check).
+    #[must_use]
+    pub fn quota_ask(&self, config: &WebhookConfig) -> Option<QuotaUse> {
+        let pod = self.gpu_pod.as_deref()?;
+        let lite = crate::cache::model::pod_lite(pod).ok()?;
+        let request = PodRequest::from_pod(&lite, &config.request_config()).ok()?;
+        request.wants_gpu().then(|| QuotaUse::of_request(&request))
+    }
+
+    /// Refuses the pod with a message for the user.
+    pub fn deny(&mut self, message: String) {
+        self.verdict = Verdict::Denied(message);
+        self.gpu_pod = None;
+    }
+
+    /// The response review as JSON, in the request's API version.
+    ///
+    /// # Errors
+    /// [`BadReview::BadPod`] when the patch cannot be computed.
+    pub fn encode(self) -> Result<Value, BadReview> {
+        let uid = self.uid;
+        let response = match self.verdict {
+            Verdict::Unchanged => json!({"uid": uid, "allowed": true}),
+            Verdict::Denied(message) => json!({
+                "uid": uid,
+                "allowed": false,
+                "status": {"code": 403, "reason": "Forbidden", "message": message},
+            }),
+            Verdict::Mutated(pod) => {
+                let patch = pod_patch(&self.object, &pod)?;
+                json!({
+                    "uid": uid,
+                    "allowed": true,
+                    "patchType": "JSONPatch",
+                    "patch": base64::engine::general_purpose::STANDARD.encode(patch),
+                })
+            }
+        };
+        Ok(json!({"apiVersion": self.api_version, "kind": "AdmissionReview", "response": response}))
+    }
+}
+
+/// Decodes an `AdmissionReview` body and decides on its pod (everything
+/// but the quota check, which needs the model).
+///
+/// # Errors
+/// [`BadReview`] when the body cannot be answered at all.
+pub fn decide(body: &[u8], config: &WebhookConfig) -> Result<Decision, BadReview> {
     let review: Value =
         serde_json::from_slice(body).map_err(|e| BadReview::NotJson(e.to_string()))?;
     let api_version = review
@@ -66,36 +142,45 @@ pub fn answer(body: &[u8], config: &WebhookConfig) -> Result<Value, BadReview> {
             .and_then(Value::as_str)
             == Some("pods");
     let is_create = request.get("operation").and_then(Value::as_str) == Some("CREATE");
-    let verdict = if is_pod && is_create && request.get("subResource").is_none_or(Value::is_null) {
-        let object = request
-            .get("object")
-            .filter(|o| !o.is_null())
-            .ok_or_else(|| BadReview::BadPod("missing".to_owned()))?;
-        let pod: Pod =
-            serde_json::from_value(object.clone()).map_err(|e| BadReview::BadPod(e.to_string()))?;
-        mutate(&pod, config)
-    } else {
-        Verdict::Unchanged
-    };
-
-    let response = match verdict {
-        Verdict::Unchanged => json!({"uid": uid, "allowed": true}),
-        Verdict::Denied(message) => json!({
-            "uid": uid,
-            "allowed": false,
-            "status": {"code": 403, "reason": "Forbidden", "message": message},
-        }),
-        Verdict::Mutated(pod) => {
-            let patch = pod_patch(&request["object"], &pod)?;
-            json!({
-                "uid": uid,
-                "allowed": true,
-                "patchType": "JSONPatch",
-                "patch": base64::engine::general_purpose::STANDARD.encode(patch),
-            })
-        }
-    };
-    Ok(json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response}))
+    let mut namespace = request
+        .get("namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned);
+    let (verdict, gpu_pod) =
+        if is_pod && is_create && request.get("subResource").is_none_or(Value::is_null) {
+            let object = request
+                .get("object")
+                .filter(|o| !o.is_null())
+                .ok_or_else(|| BadReview::BadPod("missing".to_owned()))?;
+            let pod: Pod = serde_json::from_value(object.clone())
+                .map_err(|e| BadReview::BadPod(e.to_string()))?;
+            if namespace.is_none() {
+                namespace.clone_from(&pod.metadata.namespace);
+            }
+            let verdict = mutate(&pod, config);
+            let admitted = match &verdict {
+                Verdict::Unchanged => Some(Box::new(pod)),
+                Verdict::Mutated(p) => Some(p.clone()),
+                Verdict::Denied(_) => None,
+            };
+            // Only pods our scheduler places are charged to the quota.
+            let ours = admitted.filter(|p| {
+                p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
+                    == Some(config.scheduler_name.as_str())
+            });
+            (verdict, ours)
+        } else {
+            (Verdict::Unchanged, None)
+        };
+    Ok(Decision {
+        api_version: api_version.to_owned(),
+        uid: uid.to_owned(),
+        namespace: namespace.unwrap_or_else(|| "default".to_owned()),
+        object: request.get("object").cloned().unwrap_or(Value::Null),
+        gpu_pod,
+        verdict,
+    })
 }
 
 /// The RFC 6902 patch from the object as sent to the object we want, as JSON bytes.
