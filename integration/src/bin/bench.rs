@@ -456,7 +456,8 @@ async fn extender(nodes: usize, decisions: usize) -> anyhow::Result<Vec<Row>> {
         ),
         (
             label.clone(),
-            "filter+bind decisions/s, binds overlapped (as kube-scheduler runs its binding cycles)".into(),
+            "filter+bind decisions/s, binds overlapped (as kube-scheduler runs its binding cycles)"
+                .into(),
             format!("{overlapped:.0}"),
         ),
         (

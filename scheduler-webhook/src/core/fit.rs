@@ -289,15 +289,17 @@ pub fn fit_container(
     Err(fail)
 }
 
-/// Whether fitting `req` can be decided without a GPU order: no numa-bind
-/// and at most one app container asking for GPUs. Then every GPU is checked
-/// against the node as it is (init containers each see the node before the
-/// pod, and the single GPU app container sees no earlier picks), so whether
-/// the pod fits, and the reasons when it does not, are the same on every
-/// order. [`check_pod`] answers it without building picks.
+/// Whether fitting `req` can be decided without a GPU order: no numa-bind,
+/// no namespace quota (its room shrinks with each pick) and at most one app
+/// container asking for GPUs. Then every GPU is checked against the node as
+/// it is (init containers each see the node before the pod, and the single
+/// GPU app container sees no earlier picks), so whether the pod fits, and
+/// the reasons when it does not, are the same on every order. [`check_pod`]
+/// answers it without building picks.
 #[must_use]
 pub fn order_independent(req: &PodRequest) -> bool {
-    !req.constraints.numa_bind && req.app.iter().filter(|r| r.is_some()).count() <= 1
+    let c = &req.constraints;
+    !c.numa_bind && c.quota.is_none() && req.app.iter().filter(|r| r.is_some()).count() <= 1
 }
 
 /// [`fit_container`]'s verdict without the picks, for requests whose verdict
@@ -735,6 +737,9 @@ mod tests {
         assert!(!order_independent(&r));
         r.app.pop();
         r.constraints.numa_bind = true;
+        assert!(!order_independent(&r));
+        r.constraints.numa_bind = false;
+        r.constraints.quota = Some(crate::core::quota::QuotaRoom::default());
         assert!(!order_independent(&r));
     }
 
