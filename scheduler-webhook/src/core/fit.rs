@@ -289,6 +289,20 @@ pub fn fit_container(
     Err(fail)
 }
 
+/// The node's CPU and memory, when it tracks them (the simulator).
+fn check_cpu_memory(node: &Node, req: &PodRequest) -> Result<(), FitFailure> {
+    let cards = node.gpus.len();
+    if let Some((cpu, mem)) = node.free_cpu_memory() {
+        if req.cpu_milli > cpu {
+            return Err(FitFailure::single(Reason::InsufficientCpu, cards));
+        }
+        if req.memory_mib > mem {
+            return Err(FitFailure::single(Reason::InsufficientMemory, cards));
+        }
+    }
+    Ok(())
+}
+
 /// Whether fitting `req` can be decided without a GPU order: no numa-bind,
 /// no namespace quota (its room shrinks with each pick) and at most one app
 /// container asking for GPUs. Then every GPU is checked against the node as
@@ -339,15 +353,7 @@ fn check_container(node: &Node, req: &DeviceRequest, c: &Constraints) -> Result<
 /// The first failing container's reasons, or the node's CPU/memory
 /// shortage.
 pub fn check_pod(node: &Node, req: &PodRequest) -> Result<(), FitFailure> {
-    let cards = node.gpus.len();
-    if let Some((cpu, mem)) = node.free_cpu_memory() {
-        if req.cpu_milli > cpu {
-            return Err(FitFailure::single(Reason::InsufficientCpu, cards));
-        }
-        if req.memory_mib > mem {
-            return Err(FitFailure::single(Reason::InsufficientMemory, cards));
-        }
-    }
+    check_cpu_memory(node, req)?;
     for r in req.init.iter().chain(&req.app).flatten() {
         check_container(node, r, &req.constraints)?;
     }
@@ -373,15 +379,7 @@ pub fn apply_picks(usage: &mut [GpuUse], picks: &[Pick]) {
 /// The first failing container's reasons, or the node's CPU/memory
 /// shortage.
 pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPicks, FitFailure> {
-    let cards = node.gpus.len();
-    if let Some((cpu, mem)) = node.free_cpu_memory() {
-        if req.cpu_milli > cpu {
-            return Err(FitFailure::single(Reason::InsufficientCpu, cards));
-        }
-        if req.memory_mib > mem {
-            return Err(FitFailure::single(Reason::InsufficientMemory, cards));
-        }
-    }
+    check_cpu_memory(node, req)?;
     let c = &req.constraints;
     let mut picks = PodPicks {
         init: Vec::with_capacity(req.init.len()),
