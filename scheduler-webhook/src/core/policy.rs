@@ -267,6 +267,150 @@ fn compare_keys(a: (f64, f64), b: (f64, f64)) -> std::cmp::Ordering {
     cmp(a.0, b.0).then_with(|| cmp(a.1, b.1))
 }
 
+/// HAMi's node key: the node score before the pod, highest wins under
+/// binpack, lowest under spread.
+fn hami_key(policy: Policy, node: &Node) -> f64 {
+    let s = node_score(node);
+    if policy == Policy::Binpack { s } else { -s }
+}
+
+/// Candidate lists at least this long are scanned on two threads.
+const PARALLEL_SCAN_MIN: usize = 2048;
+
+/// The best node of a scan under binpack/spread: its key, how many nodes
+/// shared that key (for a uniform tie break), and the refused nodes in scan
+/// order.
+#[derive(Debug, Default)]
+struct Scan {
+    best: Option<(f64, NodeId)>,
+    ties: usize,
+    failed: Vec<(NodeId, FitFailure)>,
+}
+
+impl Scan {
+    /// Checks every node of `ids` ([`check_pod`]) and keeps the best key;
+    /// equal keys break by `rng` (reservoir sampling).
+    fn of(
+        cluster: &Cluster,
+        req: &PodRequest,
+        policy: Policy,
+        ids: &[NodeId],
+        rng: &mut SplitMix64,
+    ) -> Self {
+        let mut scan = Self::default();
+        let mut ties = TieBreak::default();
+        for &id in ids {
+            let Some(node) = cluster.node(id) else {
+                continue;
+            };
+            if let Err(why) = check_pod(node, req) {
+                scan.failed.push((id, why));
+                continue;
+            }
+            let key = hami_key(policy, node);
+            let replace = match scan.best {
+                Some((b, _)) => match compare_keys((key, 0.0), (b, 0.0)) {
+                    std::cmp::Ordering::Greater => {
+                        ties.reset();
+                        scan.ties = 0;
+                        ties.offer(rng)
+                    }
+                    std::cmp::Ordering::Equal => ties.offer(rng),
+                    std::cmp::Ordering::Less => continue,
+                },
+                None => ties.offer(rng),
+            };
+            scan.ties += 1;
+            if replace {
+                scan.best = Some((key, id));
+            }
+        }
+        scan
+    }
+
+    /// The scan of `first` followed by `second`: failures in order, the
+    /// better key, and between equal keys a pick weighted by how many nodes
+    /// each side tied, so every tied node stays equally likely.
+    fn then(mut self, second: Self, rng: &mut SplitMix64) -> Self {
+        self.failed.extend(second.failed);
+        match (self.best, second.best) {
+            (_, None) => {}
+            (None, Some(_)) => (self.best, self.ties) = (second.best, second.ties),
+            (Some((a, _)), Some((b, _))) => match compare_keys((b, 0.0), (a, 0.0)) {
+                std::cmp::Ordering::Greater => (self.best, self.ties) = (second.best, second.ties),
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => {
+                    let total = self.ties + second.ties;
+                    if rng.below(total) >= self.ties {
+                        self.best = second.best;
+                    }
+                    self.ties = total;
+                }
+            },
+        }
+        self
+    }
+}
+
+/// Binpack/spread for a pod whose fit verdict does not depend on the GPU
+/// order ([`order_independent`]): HAMi's node key does not depend on the
+/// picks either, so every node is only checked, and the GPUs are ordered and
+/// picked on the winner alone. A long candidate list is split in two halves
+/// scanned on two threads (each with its own generator seeded from `rng`, so
+/// a run stays reproducible).
+fn by_verdict(
+    cluster: &Cluster,
+    req: &PodRequest,
+    ids: &[NodeId],
+    cfg: &SchedulerConfig,
+    rng: &mut SplitMix64,
+    parallel_min: usize,
+) -> Result<Decision, ScheduleError> {
+    let policy = req.node_policy.unwrap_or(cfg.node_policy);
+    let gpu_policy = req.gpu_policy.unwrap_or(cfg.gpu_policy);
+    let scan = if ids.len() >= parallel_min.max(2) {
+        let (first, second) = ids.split_at(ids.len() / 2);
+        let (mut rng_first, mut rng_second) = (
+            SplitMix64::new(rng.next_u64()),
+            SplitMix64::new(rng.next_u64()),
+        );
+        let (a, b) = std::thread::scope(|s| {
+            let other = std::thread::Builder::new()
+                .spawn_scoped(s, || Scan::of(cluster, req, policy, first, &mut rng_first));
+            let b = Scan::of(cluster, req, policy, second, &mut rng_second);
+            // No thread to be had: scan the first half here too.
+            let a = other.ok().and_then(|h| h.join().ok());
+            (a, b)
+        });
+        let a = a.unwrap_or_else(|| Scan::of(cluster, req, policy, first, &mut rng_first));
+        a.then(b, rng)
+    } else {
+        Scan::of(cluster, req, policy, ids, rng)
+    };
+    let mut failed = scan.failed;
+    let Some((score, id)) = scan.best else {
+        return Err(ScheduleError::NoNodeFits { failed });
+    };
+    let Some(node) = cluster.node(id) else {
+        return Err(ScheduleError::NoNodeFits { failed });
+    };
+    let (mut order, mut scores) = (Vec::new(), Vec::new());
+    gpu_order_into(node, req, gpu_policy, &cfg.weights, &mut order, &mut scores);
+    match fit_pod(node, req, &order) {
+        Ok(picks) => Ok(Decision {
+            node: id,
+            picks,
+            score,
+            failed,
+        }),
+        // Unreachable: `check_pod` passed, and it equals fit on any order.
+        Err(why) => {
+            failed.push((id, why));
+            Err(ScheduleError::NoNodeFits { failed })
+        }
+    }
+}
+
 /// Chooses a node and GPUs for the pod among `candidates`.
 ///
 /// # Errors
@@ -284,41 +428,33 @@ pub fn schedule(
     if policy == Policy::Fgd && fgd.is_none() {
         return Err(ScheduleError::MissingFgdIndex);
     }
+    if matches!(policy, Policy::Binpack | Policy::Spread) && order_independent(req) {
+        let ids: Vec<NodeId> = candidates.into_iter().collect();
+        return by_verdict(cluster, req, &ids, cfg, rng, PARALLEL_SCAN_MIN);
+    }
     let mut failed = Vec::new();
-    // The picks are `None` while only the fit verdict is known.
-    let mut best: Option<((f64, f64), NodeId, Option<PodPicks>)> = None;
+    let mut best: Option<((f64, f64), NodeId, PodPicks)> = None;
     let mut ties = TieBreak::default();
     let (mut order, mut scores) = (Vec::new(), Vec::new());
-    // HAMi's node score does not depend on the picks, so when the verdict
-    // does not depend on the GPU order either, the scan only checks each
-    // node and the GPUs are ordered and picked on the winner alone.
-    let verdict_only = matches!(policy, Policy::Binpack | Policy::Spread) && order_independent(req);
-    let hami_key = |node: &Node| {
-        let s = node_score(node);
-        (if policy == Policy::Binpack { s } else { -s }, 0.0)
-    };
     for id in candidates {
         let Some(node) = cluster.node(id) else {
             continue;
         };
         // (key, secondary key): higher wins; equal keys break by seed.
         let placed = match policy {
-            Policy::Binpack | Policy::Spread if verdict_only => {
-                check_pod(node, req).map(|()| (hami_key(node), None))
-            }
             Policy::Binpack | Policy::Spread => {
                 gpu_order_into(node, req, gpu_policy, &cfg.weights, &mut order, &mut scores);
-                fit_pod(node, req, &order).map(|p| (hami_key(node), Some(p)))
+                fit_pod(node, req, &order).map(|p| ((hami_key(policy, node), 0.0), p))
             }
             Policy::BestFit => {
                 let mut order: Vec<usize> = (0..node.gpus.len()).collect();
                 order.sort_by_key(|&p| std::cmp::Reverse(free_milli(node, p)));
-                fit_pod(node, req, &order).map(|p| ((bestfit_key(node, &p, req), 0.0), Some(p)))
+                fit_pod(node, req, &order).map(|p| ((bestfit_key(node, &p, req), 0.0), p))
             }
             Policy::Random => {
                 let mut order: Vec<usize> = (0..node.gpus.len()).collect();
                 rng.shuffle(&mut order);
-                fit_pod(node, req, &order).map(|p| ((0.0, 0.0), Some(p)))
+                fit_pod(node, req, &order).map(|p| ((0.0, 0.0), p))
             }
             Policy::Fgd => {
                 let Some(index) = fgd else {
@@ -348,7 +484,7 @@ pub fn schedule(
                 };
                 index
                     .best_on_node(cluster, id, req, &order)
-                    .map(|(d, p)| ((-d, secondary), Some(p)))
+                    .map(|(d, p)| ((-d, secondary), p))
             }
         };
         match placed {
@@ -376,40 +512,15 @@ pub fn schedule(
             }
         }
     }
-    let Some(((score, _), node, picks)) = best else {
-        return Err(ScheduleError::NoNodeFits { failed });
-    };
-    let picks = match picks {
-        Some(p) => p,
-        None => {
-            // The winner passed `check_pod`, so fit succeeds on any order
-            // (`order_independent`); the error arm is unreachable.
-            let Some(winner) = cluster.node(node) else {
-                return Err(ScheduleError::NoNodeFits { failed });
-            };
-            gpu_order_into(
-                winner,
-                req,
-                gpu_policy,
-                &cfg.weights,
-                &mut order,
-                &mut scores,
-            );
-            match fit_pod(winner, req, &order) {
-                Ok(p) => p,
-                Err(why) => {
-                    failed.push((node, why));
-                    return Err(ScheduleError::NoNodeFits { failed });
-                }
-            }
-        }
-    };
-    Ok(Decision {
-        node,
-        picks,
-        score,
-        failed,
-    })
+    match best {
+        Some(((score, _), node, picks)) => Ok(Decision {
+            node,
+            picks,
+            score,
+            failed,
+        }),
+        None => Err(ScheduleError::NoNodeFits { failed }),
+    }
 }
 
 #[cfg(test)]
@@ -659,6 +770,92 @@ mod tests {
         assert_eq!(devs.0[1][0].uuid, "GPU-a-1");
         assert_eq!(devs.0[1][0].usedmem, 100);
         assert_eq!(d.init_count(), 1);
+    }
+
+    /// `n` nodes of 2 GPUs; node `i` has `i % 7` tenths of GPU 0 used (so
+    /// keys repeat every 7 nodes), and every 5th node is full.
+    fn many_nodes(n: usize) -> Cluster {
+        let mut c = Cluster::new(
+            (0..n)
+                .map(|i| mk_node(&format!("n{i}"), 2, 10, 1000))
+                .collect(),
+        );
+        for i in 0..n {
+            let node = c.node_mut(i).unwrap();
+            let tenths = u32::try_from(i % 7).unwrap();
+            node.usage[0] = GpuUse {
+                used: tenths,
+                usedmem: u64::from(tenths) * 100,
+                usedcores: tenths * 10,
+            };
+            if i % 5 == 0 {
+                for u in &mut node.usage {
+                    *u = GpuUse {
+                        used: 10,
+                        usedmem: 1000,
+                        usedcores: 100,
+                    };
+                }
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn the_two_thread_scan_refuses_the_same_nodes_and_picks_a_best_node() {
+        let c = many_nodes(40);
+        let ids: Vec<NodeId> = (0..40).collect();
+        let req = pod(1, 100, 10);
+        for policy in [Policy::Binpack, Policy::Spread] {
+            let cfg = SchedulerConfig {
+                node_policy: policy,
+                ..SchedulerConfig::default()
+            };
+            let one =
+                by_verdict(&c, &req, &ids, &cfg, &mut SplitMix64::new(3), usize::MAX).unwrap();
+            let two = by_verdict(&c, &req, &ids, &cfg, &mut SplitMix64::new(3), 2).unwrap();
+            assert_eq!(one.failed, two.failed, "{policy}");
+            assert_eq!(two.failed.len(), 8, "every 5th node is full");
+            // Same best key; the node may differ only among equal keys.
+            assert!((one.score - two.score).abs() < 1e-9, "{policy}");
+            // The picks are the ordered fit of the winner, as on one thread.
+            let winner = c.node(two.node).unwrap();
+            let order = crate::core::score::gpu_order(winner, &req, cfg.gpu_policy, &cfg.weights);
+            assert_eq!(two.picks, fit_pod(winner, &req, &order).unwrap());
+            // Reproducible for a seed.
+            let again = by_verdict(&c, &req, &ids, &cfg, &mut SplitMix64::new(3), 2).unwrap();
+            assert_eq!(again.node, two.node);
+        }
+        // Nothing fits anywhere: every node refused, in scan order.
+        let huge = pod(1, 5000, 10);
+        let cfg = SchedulerConfig::default();
+        let Err(ScheduleError::NoNodeFits { failed }) =
+            by_verdict(&c, &huge, &ids, &cfg, &mut SplitMix64::new(1), 2)
+        else {
+            panic!("nothing can fit 5000 MiB");
+        };
+        assert_eq!(failed.iter().map(|(id, _)| *id).collect::<Vec<_>>(), ids);
+    }
+
+    #[test]
+    fn the_two_thread_scan_breaks_ties_uniformly() {
+        // Six empty nodes: all tie under spread and binpack.
+        let c = Cluster::new(
+            (0..6)
+                .map(|i| mk_node(&format!("n{i}"), 1, 10, 1000))
+                .collect(),
+        );
+        let ids: Vec<NodeId> = (0..6).collect();
+        let req = pod(1, 100, 10);
+        let mut seen = [0u32; 6];
+        let mut rng = SplitMix64::new(11);
+        for _ in 0..6000 {
+            let d = by_verdict(&c, &req, &ids, &SchedulerConfig::default(), &mut rng, 2).unwrap();
+            seen[d.node] += 1;
+        }
+        for n in seen {
+            assert!((800..1200).contains(&n), "{seen:?}");
+        }
     }
 
     #[test]
