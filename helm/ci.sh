@@ -104,7 +104,7 @@ if grep -q '^kind: DaemonSet' "$OUT/variant.yaml"; then echo "FAIL: devicePlugin
 echo "passed"
 
 step "bad values are refused by values.schema.json"
-for bad in scheduler.replicas=0 scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy=fgd \
+for bad in scheduler.replicas=0 scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy=packed \
            devicePlugin.deviceSplitCount=0 scheduler.admissionWebhook.failurePolicy=Maybe \
            resourceMem=gpumem devicePlugin.unknownKey=1; do
   if helm template gpuslice "$CHART" --kube-version "$KUBE_VERSION" --set "$bad" >/dev/null 2>"$OUT/bad.err"; then

@@ -189,3 +189,43 @@ async fn a_namespace_quota_admits_pods_until_full_then_denies_or_holds_the_rest(
     check_clean(&cluster).await;
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fgd_default_places_pods_where_fragmentation_grows_least_without_over_commit() {
+    // Two nodes of one card each; slices sized by cores (memory stays below
+    // the cores' share, so fragmentation follows the cores).
+    let cluster = Cluster::start(ClusterSpec {
+        nodes: 2,
+        gpus_per_node: 1,
+        node_policy: "fgd".to_owned(),
+        ..ClusterSpec::default()
+    })
+    .await
+    .unwrap();
+    cluster.wait_until_ready().await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let mut node_of = Vec::new();
+    // One at a time, so each placement sees the previous ones.
+    for (name, cores) in [("p0", 50), ("p1", 30), ("p2", 20), ("p3", 50)] {
+        cluster
+            .create_pod(&slice_pod(name, cores * 400, cores))
+            .await
+            .unwrap();
+        let pod = wait_for_pod(&client, "default", name, DEADLINE, |p| {
+            matches!(phase(p), Some("Running" | "Failed"))
+        })
+        .await
+        .unwrap();
+        assert_eq!(phase(&pod), Some("Running"), "{name}: {:#?}", pod.status);
+        let annotations = pod.metadata.annotations.unwrap_or_default();
+        node_of.push(annotations["hami.io/vgpu-node"].clone());
+    }
+    // p1 (30 %) next to p0 (50 %) would leave 20 % idle, a fragment for
+    // the 50 % and 30 % pods; on the empty node it leaves 70 %, usable by
+    // all. Likewise p2 (20 %) goes where 50 % stays free. Binpack would
+    // have stacked both on p0's node.
+    assert_ne!(node_of[1], node_of[0], "{node_of:?}");
+    assert_eq!(node_of[2], node_of[1], "{node_of:?}");
+    check_clean(&cluster).await;
+    cluster.shutdown().await;
+}

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use proto::hami::resources::ResourceNames;
 use serde::{Deserialize, Serialize};
 
-/// Node policies `nodeSchedulerPolicy` accepts in `serve` (`fgd` runs in
-/// `simulate` only so far: the live fragmentation index is not wired).
-pub const NODE_POLICIES: &[&str] = &["binpack", "spread", "bestfit", "random"];
+/// Node policies `nodeSchedulerPolicy` accepts in `serve` (`fgd` places
+/// for the live workload, see [`crate::cache::fragmentation`]).
+pub const NODE_POLICIES: &[&str] = &["binpack", "spread", "fgd", "bestfit", "random"];
 /// GPU policies `gpuSchedulerPolicy` accepts.
 pub const GPU_POLICIES: &[&str] = &["binpack", "spread"];
 
@@ -224,7 +224,7 @@ pub struct ServeFlags {
     /// Scheduler name GPU pods are routed to [default: gpuslice-scheduler].
     #[arg(long)]
     pub scheduler_name: Option<String>,
-    /// Default node policy: binpack, spread, bestfit, random [default: binpack].
+    /// Default node policy: binpack, spread, fgd, bestfit, random [default: binpack].
     #[arg(long)]
     pub node_scheduler_policy: Option<String>,
     /// Default GPU policy: binpack, spread [default: spread].
@@ -425,6 +425,41 @@ mod tests {
             let err = settings.validate().unwrap_err().to_string();
             assert!(err.contains(expected), "{err} should contain {expected}");
         }
+    }
+
+    #[test]
+    fn every_node_policy_of_the_core_is_accepted_including_fgd() {
+        for policy in crate::core::policy::Policy::ALL {
+            let s = Settings {
+                node_scheduler_policy: policy.as_str().to_owned(),
+                ..secure()
+            };
+            assert_eq!(s.validate(), Ok(()), "{policy}");
+        }
+        // From the file, the environment and the flag alike.
+        let file = FileLayer {
+            origin: "c.yaml",
+            text: "nodeSchedulerPolicy: fgd\n",
+            format: FileFormat::Yaml,
+        };
+        let s: Settings = layered(Some(file), &no_env, &ServeFlags::default()).unwrap();
+        assert_eq!(s.node_scheduler_policy, "fgd");
+        let env = |k: &str| (k == "GPUSLICE_NODE_SCHEDULER_POLICY").then(|| "fgd".to_owned());
+        let s: Settings = layered(None, &env, &ServeFlags::default()).unwrap();
+        assert_eq!(s.node_scheduler_policy, "fgd");
+        let flags = ServeFlags {
+            node_scheduler_policy: Some("fgd".into()),
+            ..ServeFlags::default()
+        };
+        let s: Settings = layered(None, &no_env, &flags).unwrap();
+        assert_eq!(s.node_scheduler_policy, "fgd");
+        assert_eq!(
+            crate::serve::model_config(&s)
+                .unwrap()
+                .scheduler
+                .node_policy,
+            crate::core::policy::Policy::Fgd
+        );
     }
 
     #[test]

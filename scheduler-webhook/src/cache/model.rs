@@ -5,6 +5,11 @@
 //! Pure and single-owner: one task applies watch events and answers filter
 //! and bind steps in order, so two filters can never book the same slice.
 //! Nothing here performs I/O or reads the clock.
+//!
+//! For the `fgd` policy the model also keeps the workload's shapes and a
+//! fragmentation index ([`super::fragmentation`]): every change of a node's
+//! usage or GPUs below marks that node, and an `fgd` filter brings the
+//! index up to date before it asks [`schedule`].
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -14,8 +19,10 @@ use proto::hami::keys;
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::register;
 
-use crate::core::model::{Cluster, Node};
-use crate::core::policy::{SchedulerConfig, schedule};
+use super::fragmentation::Fragmentation;
+use crate::core::fgd::{Shape, ShapeDistribution};
+use crate::core::model::{Cluster, Node, NodeId};
+use crate::core::policy::{Policy, SchedulerConfig, schedule};
 use crate::core::quota::{QuotaBook, QuotaLimits, QuotaStatus, QuotaUse};
 use crate::core::request::{ContainerLite, PodRequest, PodSpecLite, RequestConfig};
 use crate::core::reservation::HostResources;
@@ -80,6 +87,8 @@ pub struct ClusterModel {
     decisions: HashMap<String, Decided>,
     /// ResourceQuota limits per namespace and what each pod is charged.
     quotas: QuotaBook,
+    /// The workload's shapes and the fragmentation index, for `fgd`.
+    fragmentation: Fragmentation,
 }
 
 /// A `spec.hard` value of a ResourceQuota that is not a whole number; the
@@ -172,6 +181,7 @@ impl ClusterModel {
             waiting: HashMap::new(),
             observed: HashMap::new(),
             decisions: HashMap::new(),
+            fragmentation: Fragmentation::default(),
         }
     }
 
@@ -213,7 +223,8 @@ impl ClusterModel {
             };
             let mut fresh = Node::from_register(name, &devices);
             fresh.set_cordoned(&cordoned);
-            self.cluster.upsert_node(fresh);
+            let id = self.cluster.upsert_node(fresh);
+            self.fragmentation.node_changed(id);
             self.registers.insert(name.to_owned(), value);
             self.replay_waiting(name);
         } else if let Some(id) = self.cluster.node_id(name)
@@ -223,6 +234,7 @@ impl ClusterModel {
             updated.set_cordoned(&cordoned);
             if updated != *existing {
                 self.cluster.upsert_node(updated);
+                self.fragmentation.node_changed(id);
             }
         }
         Ok(())
@@ -231,7 +243,8 @@ impl ClusterModel {
     /// A node was deleted: it keeps its name but offers no GPUs.
     pub fn delete_node(&mut self, name: &str) {
         if self.cluster.node_id(name).is_some() {
-            self.cluster.upsert_node(Node::from_register(name, &[]));
+            let id = self.cluster.upsert_node(Node::from_register(name, &[]));
+            self.fragmentation.node_changed(id);
         }
         self.registers.remove(name);
     }
@@ -262,17 +275,69 @@ impl ClusterModel {
                 QuotaUse::of_devices(&allocation.devices, allocation.init_count),
             );
             self.observed.insert(uid.to_owned(), who);
+            // Its requests do not change: read its shape once.
+            if !self.fragmentation.is_tracked(uid)
+                && let Some(shape) = self.shape_of(pod)
+            {
+                self.fragmentation.track(uid, shape);
+            }
             self.observe(uid, allocation);
         }
     }
 
-    /// A pod is gone: release what it held or reserved.
+    /// A pod is gone: release what it held or reserved, and stop counting
+    /// its shape.
     pub fn delete_pod(&mut self, uid: &str) {
-        self.cluster.release(uid);
+        self.release_usage(uid);
         self.waiting.remove(uid);
         self.observed.remove(uid);
         self.decisions.remove(uid);
         self.quotas.refund(uid);
+        self.fragmentation.untrack(uid);
+    }
+
+    /// Pods whose shape the workload counts (for reconciling after a relist).
+    pub fn workload_pods(&self) -> impl Iterator<Item = &str> {
+        self.fragmentation.tracked()
+    }
+
+    /// Stops counting a pod's shape without touching what it holds (a pod
+    /// missing from a relist that holds nothing known from annotations).
+    pub fn forget_shape(&mut self, uid: &str) {
+        self.fragmentation.untrack(uid);
+    }
+
+    /// The workload `fgd` places for: the shapes of the GPU pods in the
+    /// cluster and of those being scheduled.
+    #[must_use]
+    pub fn workload(&self) -> &ShapeDistribution {
+        self.fragmentation.workload()
+    }
+
+    /// Whole rebuilds of the fragmentation index so far.
+    #[must_use]
+    pub fn fgd_rebuilds(&self) -> u64 {
+        self.fragmentation.rebuilds()
+    }
+
+    /// The shape of a pod's requests, when they read.
+    fn shape_of(&self, pod: &Pod) -> Option<Shape> {
+        let lite = pod_lite(pod).ok()?;
+        let request = PodRequest::from_pod(&lite, &self.config.requests).ok()?;
+        request.wants_gpu().then(|| Shape::of_request(&request))
+    }
+
+    /// The node a pod holds or reserved slices on.
+    fn pod_node(&self, uid: &str) -> Option<NodeId> {
+        self.cluster.pod_usage(uid).map(|u| u.node)
+    }
+
+    /// Frees what the pod holds in the ledger and marks its node changed.
+    fn release_usage(&mut self, uid: &str) -> bool {
+        if let Some(id) = self.pod_node(uid) {
+            self.fragmentation.node_changed(id);
+        }
+        self.cluster.release(uid)
     }
 
     /// Applies a ResourceQuota from the watch: its `limits.<gpumem>` and
@@ -403,6 +468,11 @@ impl ClusterModel {
             self.waiting.insert(uid.to_owned(), allocation);
             return;
         };
+        // The allocation replaces whatever the pod held before, maybe elsewhere.
+        if let Some(before) = self.pod_node(uid) {
+            self.fragmentation.node_changed(before);
+        }
+        self.fragmentation.node_changed(id);
         // An allocation naming GPUs the node does not (yet) have is a fact we
         // cannot place; keep it until the node registers them.
         if self
@@ -449,8 +519,12 @@ impl ClusterModel {
         if !request.wants_gpu() {
             return FilterOutcome::NoGpuRequested;
         }
+        // The pod is part of the workload from now on (placed or not: it
+        // is demand), until it is deleted or finishes.
+        self.fragmentation
+            .track(&lite.uid, Shape::of_request(&request));
         // HAMi drops the pod's earlier reservation before fitting again.
-        self.cluster.release(&lite.uid);
+        self.release_usage(&lite.uid);
         self.decisions.remove(&lite.uid);
         self.quotas.refund(&lite.uid);
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -468,12 +542,23 @@ impl ClusterModel {
         }
         let name_of =
             |cluster: &Cluster, id| cluster.node(id).map(|n| n.name.clone()).unwrap_or_default();
+        // Only an fgd pod touches the index; binpack and spread do no
+        // per-node work for it.
+        let fgd = request
+            .node_policy
+            .unwrap_or(self.config.scheduler.node_policy)
+            == Policy::Fgd;
+        let index = if fgd {
+            Some(self.fragmentation.index(&self.cluster))
+        } else {
+            None
+        };
         match schedule(
             &self.cluster,
             &request,
             ids,
             &self.config.scheduler,
-            None,
+            index,
             &mut self.rng,
         ) {
             Ok(decision) => {
@@ -493,6 +578,7 @@ impl ClusterModel {
                     HostResources::default(),
                 ) {
                     Ok(()) => {
+                        self.fragmentation.node_changed(decision.node);
                         self.quotas.charge(
                             &lite.uid,
                             namespace,
@@ -538,16 +624,19 @@ impl ClusterModel {
     /// # Errors
     /// The pod has no reservation (it was never filtered here, or was released).
     pub fn commit(&mut self, uid: &str) -> Result<(), crate::core::reservation::ReservationError> {
+        // Usage is unchanged (the reservation already counts), so the
+        // fragmentation index has nothing to refresh.
         self.cluster.commit(uid)?;
         self.decisions.remove(uid);
         Ok(())
     }
 
     /// Drops a pod's reservation (bind failed); harmless when there is none.
+    /// The pod's shape still counts: kube-scheduler will filter it again.
     pub fn release(&mut self, uid: &str) -> bool {
         self.decisions.remove(uid);
         self.quotas.refund(uid);
-        self.cluster.release(uid)
+        self.release_usage(uid)
     }
 
     /// The node a pod holds or reserved slices on.
@@ -990,6 +1079,195 @@ mod tests {
             model.quota_status("ns").unwrap().limits.memory_mib,
             Some(20)
         );
+    }
+
+    fn fgd_config() -> ModelConfig {
+        let mut cfg = config();
+        cfg.scheduler.node_policy = Policy::Fgd;
+        cfg
+    }
+
+    fn annotated(mut pod: Pod, key: &str, value: &str) -> Pod {
+        pod.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_owned(), value.to_owned());
+        pod
+    }
+
+    fn placed_on(outcome: &FilterOutcome) -> &str {
+        match outcome {
+            FilterOutcome::Placed { node, .. } => node,
+            other => panic!("expected a placement, got {other:?}"),
+        }
+    }
+
+    /// Nodes a and b of one 1000 MiB GPU: a holds a 500 slice, b a 300 one.
+    fn half_and_third_used(cfg: ModelConfig) -> ClusterModel {
+        let mut model = ClusterModel::new(cfg);
+        model.apply_node(&kube_node("a", 1, 1000)).unwrap();
+        model.apply_node(&kube_node("b", 1, 1000)).unwrap();
+        model.apply_pod(&allocated(
+            slice_pod("on-a", 500, 50),
+            "a",
+            "GPU-a-0,NVIDIA,500,50:;",
+        ));
+        model.apply_pod(&allocated(
+            slice_pod("on-b", 300, 30),
+            "b",
+            "GPU-b-0,NVIDIA,300,30:;",
+        ));
+        model
+    }
+
+    #[test]
+    fn a_pod_annotated_fgd_goes_where_fragmentation_grows_least_not_to_the_fullest_node() {
+        // Workload {500, 300, 200 milli}, a third each (the pod counts
+        // itself). A 200 pod on a leaves 300 idle, a fragment for the 500
+        // shape: +300/3. On b it leaves 500, usable by every shape: +0.
+        // Binpack takes the fuller node, a.
+        let mut model = half_and_third_used(config());
+        let binpack = model.filter(&slice_pod("p", 200, 20), &names(&["a", "b"]));
+        assert_eq!(placed_on(&binpack), "a");
+
+        let mut model = half_and_third_used(config());
+        let pod = annotated(
+            slice_pod("p", 200, 20),
+            crate::core::request::NODE_POLICY,
+            "fgd",
+        );
+        let fgd = model.filter(&pod, &names(&["a", "b"]));
+        assert_eq!(placed_on(&fgd), "b");
+        assert_eq!(model.workload().total(), 3);
+        assert_eq!(model.fgd_rebuilds(), 1);
+    }
+
+    #[test]
+    fn the_cluster_default_fgd_places_the_first_pod_on_an_empty_cluster() {
+        let mut model = ClusterModel::new(fgd_config());
+        model.apply_node(&kube_node("n1", 2, 1000)).unwrap();
+        assert!(model.workload().is_empty());
+        let outcome = model.filter(&slice_pod("first", 300, 30), &names(&["n1"]));
+        assert_eq!(placed_on(&outcome), "n1");
+        assert_eq!(model.workload().total(), 1, "placed for its own shape");
+    }
+
+    #[test]
+    fn the_workload_grows_with_filtered_and_allocated_pods_and_shrinks_as_they_leave() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+        let total = |m: &ClusterModel| m.workload().total();
+        // Filtered: counted once however often it is filtered or released.
+        model.filter(&slice_pod("a", 300, 30), &names(&["n1"]));
+        model.filter(&slice_pod("a", 300, 30), &names(&["n1"]));
+        model.release("a");
+        assert_eq!(total(&model), 1);
+        // Filtered without a fit: still demand, still counted.
+        let big = model.filter(&slice_pod("big", 2000, 30), &names(&["n1"]));
+        assert!(matches!(big, FilterOutcome::NoFit { .. }));
+        assert_eq!(total(&model), 2);
+        // Known from its annotations (as after a restart), seen twice.
+        let mut held = allocated(slice_pod("held", 400, 40), "n1", "GPU-n1-0,NVIDIA,400,40:;");
+        model.apply_pod(&held);
+        model.apply_pod(&held);
+        assert_eq!(total(&model), 3);
+        assert_eq!(model.workload().len(), 2, "300 and 400 milli pods");
+        // A CPU-only pod is not part of the GPU workload.
+        let cpu_pod: Pod = serde_json::from_value(
+            json!({"metadata": {"uid": "cpu"}, "spec": {"containers": [{"name": "c"}]}}),
+        )
+        .unwrap();
+        model.filter(&cpu_pod, &names(&["n1"]));
+        assert_eq!(total(&model), 3);
+        // Finished, deleted: forgotten.
+        held.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+        model.apply_pod(&held);
+        assert_eq!(total(&model), 2);
+        model.delete_pod("a");
+        model.delete_pod("a");
+        model.forget_shape("big");
+        assert_eq!(total(&model), 0);
+        assert_eq!(model.workload_pods().count(), 0);
+    }
+
+    #[test]
+    fn consecutive_fgd_filters_see_each_others_reservations() {
+        // 30 pods of 600 milli and 10 of 400 on a big node keep the
+        // workload large enough that the filters below refresh the index
+        // instead of rebuilding it.
+        let mut model = ClusterModel::new(fgd_config());
+        model.apply_node(&kube_node("big", 40, 1000)).unwrap();
+        for i in 0..40 {
+            let (mem, cores) = if i < 30 { (600, 60) } else { (400, 40) };
+            model.apply_pod(&allocated(
+                slice_pod(&format!("w{i}"), mem, cores),
+                "big",
+                &format!("GPU-big-{i},NVIDIA,{mem},{cores}:;"),
+            ));
+        }
+        model.apply_node(&kube_node("x", 1, 1000)).unwrap();
+        model.apply_node(&kube_node("y", 1, 1000)).unwrap();
+        model.apply_pod(&allocated(
+            slice_pod("on-y", 500, 50),
+            "y",
+            "GPU-y-0,NVIDIA,500,50:;",
+        ));
+        let xy = names(&["x", "y"]);
+        // p1 (600) fits only x.
+        assert_eq!(
+            placed_on(&model.filter(&slice_pod("p1", 600, 60), &xy)),
+            "x"
+        );
+        assert_eq!(model.fgd_rebuilds(), 1);
+        // p2 (400) fills x exactly and removes its 400 fragment; on y it
+        // would leave 100 idle. Only an index that saw p1's reservation
+        // knows x has a fragment to remove (a stale one shows x empty and
+        // sends p2 to y).
+        assert_eq!(
+            placed_on(&model.filter(&slice_pod("p2", 400, 40), &xy)),
+            "x"
+        );
+        assert_eq!(model.fgd_rebuilds(), 1, "refreshed, not rebuilt");
+        // x is now full: nothing more lands there, nothing is double-booked.
+        let FilterOutcome::NoFit { failed } = model.filter(&slice_pod("p3", 600, 60), &xy) else {
+            panic!("expected no fit");
+        };
+        assert_eq!(failed["x"], "1/1 CardInsufficientMemory");
+        let x = model
+            .gpu_snapshot()
+            .into_iter()
+            .find(|g| g.node == "x")
+            .unwrap();
+        assert_eq!((x.used_memory_mib, x.used_cores), (1000, 100));
+        // Releasing p2 is seen by the next fgd filter: x takes a 400 again.
+        model.release("p2");
+        assert_eq!(
+            placed_on(&model.filter(&slice_pod("p4", 400, 40), &xy)),
+            "x"
+        );
+    }
+
+    #[test]
+    fn fgd_filters_never_over_commit_a_gpu() {
+        let mut model = ClusterModel::new(fgd_config());
+        model.apply_node(&kube_node("n1", 2, 1000)).unwrap();
+        model.apply_node(&kube_node("n2", 1, 1000)).unwrap();
+        let all = names(&["n1", "n2"]);
+        let mut placed = 0;
+        for i in 0..12 {
+            let cores = [30, 50, 20, 70][i % 4];
+            let outcome = model.filter(&slice_pod(&format!("p{i}"), cores * 10, cores), &all);
+            if matches!(outcome, FilterOutcome::Placed { .. }) {
+                placed += 1;
+            }
+            for g in model.gpu_snapshot() {
+                assert!(
+                    g.used_memory_mib <= g.memory_mib && g.used_cores <= g.cores,
+                    "{g:?}"
+                );
+            }
+        }
+        assert!(placed >= 5, "{placed}");
     }
 
     #[test]

@@ -280,6 +280,18 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 for uid in gone {
                     model.delete_pod(&uid);
                 }
+                // Pods counted in the fgd workload that are gone too; only
+                // the shape is dropped (a pod created after the list and
+                // filtered meanwhile is counted again at its next filter
+                // or when its allocation is seen).
+                let gone: Vec<String> = model
+                    .workload_pods()
+                    .filter(|u| !seen.contains(*u))
+                    .map(str::to_owned)
+                    .collect();
+                for uid in gone {
+                    model.forget_shape(&uid);
+                }
                 relist.pods_listed = true;
             }
             Command::RelistDone(Kind::Quotas) => {
