@@ -9,6 +9,15 @@
 //! pods ([`ShapeDistribution`]). FGD places a pod where the cluster's
 //! fragmentation grows the least.
 //!
+//! Where [`FgdParams`] follows the paper's simulator (Alibaba's
+//! `kubernetes-scheduler-simulator`, its FGD score plugin): a CPU-only
+//! typical pod finds all idle GPU capacity a fragment; a node's score is
+//! `⌊100 · sigmoid(−growth / 1000)⌋`, so near-equal growths tie; inside a
+//! node a fractional pod takes the GPU with the best score. Where it does
+//! not, because it measured better on openb: every shape of the trace is
+//! typical (the simulator keeps the most frequent 95 %), memory is part of
+//! a shape, and equal scores break by node fullness instead of at random.
+//!
 //! This module owns the shape distribution (updated one pod at a time) and
 //! the [`FgdIndex`]: per-node fragmentation, kept current by refreshing only
 //! the node a placement touched. Shapes are grouped by their GPU part, so
@@ -125,6 +134,59 @@ impl ShapeDistribution {
     }
 }
 
+/// How CPU-only typical pods count in a node's fragmentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuOnlyFrag {
+    /// As the paper's simulator: a CPU-only pod uses no GPU, so all idle
+    /// GPU capacity is a fragment to it whether its CPU fits or not. The
+    /// term moves with idle capacity only, so it never ranks one node over
+    /// another.
+    AllIdle,
+    /// All idle capacity is a fragment only when the node is short of the
+    /// pod's CPU or memory; else none.
+    WhenShort,
+}
+
+/// How the typical pods are chosen and fragmentation is scored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FgdParams {
+    /// The most frequent shapes that together cover at least this share of
+    /// the pods are the typical pods (the paper's simulator: 0.95).
+    pub coverage: f64,
+    /// Whether memory is part of a typical pod's shape.
+    pub memory: bool,
+    /// How CPU-only typical pods count.
+    pub cpu_only: CpuOnlyFrag,
+    /// Score a node as the paper's simulator does:
+    /// `⌊100 · sigmoid(−growth / 1000)⌋`, so growths that round to the same
+    /// integer tie; else the growth itself is the score.
+    pub quantize: bool,
+    /// Break equal node scores by node fullness (GPU pods) or spare CPU per
+    /// idle GPU (CPU-only pods); else by the seeded coin only.
+    pub tie_by_fullness: bool,
+    /// Choose the GPU inside a node by the (possibly quantized) score, the
+    /// lowest index on ties, as the paper's simulator; else by the exact
+    /// growth, the least free share on ties.
+    pub gpu_by_score: bool,
+}
+
+/// The defaults, measured on openb (`docs/benchmarks.md`): every shape of
+/// the trace with its memory, CPU-only pods counted as the paper's
+/// simulator does, the paper's integer score, equal scores broken by node
+/// fullness, the GPU chosen by that score.
+impl Default for FgdParams {
+    fn default() -> Self {
+        Self {
+            coverage: 1.0,
+            memory: true,
+            cpu_only: CpuOnlyFrag::AllIdle,
+            quantize: true,
+            tie_by_fullness: true,
+            gpu_by_score: true,
+        }
+    }
+}
+
 /// The GPU part of a shape: GPU count, milli per GPU, type allow-list.
 type GroupKey = (u32, u32, Vec<String>);
 
@@ -137,6 +199,47 @@ struct Group {
     /// (cpu, memory, frequency)
     shapes: Vec<(u64, u64, f64)>,
     weight: f64,
+}
+
+/// The typical pods of a distribution: shapes merged as `params` says (no
+/// memory, when memory is left out), the most frequent first until they
+/// cover `params.coverage` of the pods, frequencies renormalized to sum 1.
+fn typical_groups(dist: &ShapeDistribution, params: &FgdParams) -> Vec<Group> {
+    let mut merged: BTreeMap<(GroupKey, u64, u64), f64> = BTreeMap::new();
+    for (s, f) in dist.frequencies() {
+        let mem = if params.memory { s.memory_mib } else { 0 };
+        *merged
+            .entry(((s.gpus, s.milli, s.types.clone()), s.cpu_milli, mem))
+            .or_insert(0.0) += f;
+    }
+    let mut ranked: Vec<((GroupKey, u64, u64), f64)> = merged.into_iter().collect();
+    // Most frequent first; equal frequencies keep the key order (stable).
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut cum = 0.0;
+    let mut keep = 0;
+    for (_, f) in &ranked {
+        if cum >= params.coverage - 1e-12 {
+            break;
+        }
+        cum += f;
+        keep += 1;
+    }
+    ranked.truncate(keep);
+    let mut by_gpu: BTreeMap<GroupKey, Vec<(u64, u64, f64)>> = BTreeMap::new();
+    for ((key, cpu, mem), f) in ranked {
+        let f = if cum > 0.0 { f / cum } else { f };
+        by_gpu.entry(key).or_default().push((cpu, mem, f));
+    }
+    by_gpu
+        .into_iter()
+        .map(|((gpus, milli, types), shapes)| Group {
+            gpus,
+            milli,
+            types,
+            weight: shapes.iter().map(|s| s.2).sum(),
+            shapes,
+        })
+        .collect()
 }
 
 /// The free share of one GPU as fragmentation sees it.
@@ -182,6 +285,7 @@ pub fn node_idle_milli(node: &Node) -> u64 {
 /// Per-node fragmentation for a shape distribution, refreshed node by node.
 #[derive(Debug, Clone)]
 pub struct FgdIndex {
+    params: FgdParams,
     groups: Vec<Group>,
     /// Per node, per group: bit i set when GPU i's type suits the group.
     masks: Vec<Vec<u64>>,
@@ -189,28 +293,19 @@ pub struct FgdIndex {
 }
 
 impl FgdIndex {
-    /// Builds the index for this distribution and computes every node.
+    /// Builds the index for this distribution with the default parameters
+    /// and computes every node.
     #[must_use]
     pub fn new(dist: &ShapeDistribution, cluster: &Cluster) -> Self {
-        let mut by_gpu: BTreeMap<GroupKey, Vec<(u64, u64, f64)>> = BTreeMap::new();
-        for (s, f) in dist.frequencies() {
-            by_gpu
-                .entry((s.gpus, s.milli, s.types.clone()))
-                .or_default()
-                .push((s.cpu_milli, s.memory_mib, f));
-        }
-        let groups: Vec<Group> = by_gpu
-            .into_iter()
-            .map(|((gpus, milli, types), shapes)| Group {
-                gpus,
-                milli,
-                types,
-                weight: shapes.iter().map(|s| s.2).sum(),
-                shapes,
-            })
-            .collect();
+        Self::with_params(dist, cluster, FgdParams::default())
+    }
+
+    /// Builds the index for this distribution and computes every node.
+    #[must_use]
+    pub fn with_params(dist: &ShapeDistribution, cluster: &Cluster, params: FgdParams) -> Self {
         let mut index = Self {
-            groups,
+            params,
+            groups: typical_groups(dist, &params),
             masks: Vec::new(),
             node_frag: Vec::new(),
         };
@@ -218,6 +313,30 @@ impl FgdIndex {
             index.refresh_node(cluster, id);
         }
         index
+    }
+
+    /// The parameters the index was built with.
+    #[must_use]
+    pub fn params(&self) -> &FgdParams {
+        &self.params
+    }
+
+    /// Number of typical shapes (CPU/memory/GPU combinations) in use.
+    #[must_use]
+    pub fn typical_shapes(&self) -> usize {
+        self.groups.iter().map(|g| g.shapes.len()).sum()
+    }
+
+    /// The node score of a fragmentation growth (milli-GPU): higher is
+    /// better. The growth negated, or the paper's integer score.
+    #[must_use]
+    pub fn score_of_growth(&self, growth: f64) -> f64 {
+        if self.params.quantize {
+            let s = 1.0 / (1.0 + (growth / 1000.0).exp());
+            (s * 100.0).floor()
+        } else {
+            -growth
+        }
     }
 
     fn masks_for(&self, node: &Node) -> Vec<u64> {
@@ -302,6 +421,10 @@ impl FgdIndex {
         let idle_f = idle_total as f64;
         for (j, grp) in self.groups.iter().enumerate() {
             let (w_fit, w_nofit) = weights.get(j).copied().unwrap_or((0.0, 0.0));
+            if grp.gpus == 0 && self.params.cpu_only == CpuOnlyFrag::AllIdle {
+                frag += (w_fit + w_nofit) * idle_f;
+                continue;
+            }
             frag += w_nofit * idle_f;
             if w_fit == 0.0 || grp.gpus == 0 {
                 continue;
@@ -439,7 +562,13 @@ impl FgdIndex {
             free[pos] = old;
             // Equal growth: the GPU left with the least free share wins.
             let left = after_free.idle;
-            let better = best.is_none_or(|b| f < b.0 - 1e-9 || (f <= b.0 + 1e-9 && left < b.4));
+            let better = if self.params.gpu_by_score {
+                best.is_none_or(|b| {
+                    self.score_of_growth(f - before) > self.score_of_growth(b.0 - before)
+                })
+            } else {
+                best.is_none_or(|b| f < b.0 - 1e-9 || (f <= b.0 + 1e-9 && left < b.4))
+            };
             if better {
                 best = Some((f, pos, p.usedmem, p.usedcores, left));
             }
@@ -593,6 +722,153 @@ mod tests {
             picks.app[0][0].gpu, 1,
             "GPU1 keeps 600 usable, GPU0 would drop to 300"
         );
+        assert!(delta.abs() < 1e-9, "{delta}");
+    }
+
+    #[test]
+    fn typical_pods_cover_the_most_frequent_shapes_renormalized() {
+        // Shapes: 500 x4 (two memories), 200 x3, 1000 x2, 100 x1.
+        let mut d = ShapeDistribution::default();
+        for (milli, mem, n) in [
+            (500, 1, 2),
+            (500, 2, 2),
+            (200, 0, 3),
+            (1000, 0, 2),
+            (100, 0, 1),
+        ] {
+            for _ in 0..n {
+                d.observe(Shape {
+                    memory_mib: mem,
+                    ..share(milli)
+                });
+            }
+        }
+        let weights = |p: FgdParams| -> Vec<(u32, usize, f64)> {
+            typical_groups(&d, &p)
+                .iter()
+                .map(|g| (g.milli, g.shapes.len(), g.weight))
+                .collect()
+        };
+        // Without memory, 80 % is covered by 500 (0.4), 200 (0.3) and
+        // 1000 (0.2), renormalized over 0.9; the 100 shape is dropped.
+        let p = FgdParams {
+            coverage: 0.8,
+            memory: false,
+            ..FgdParams::default()
+        };
+        let w = weights(p);
+        assert_eq!(w.len(), 3, "{w:?}");
+        let want = [
+            (200, 1, 3.0 / 9.0),
+            (500, 1, 4.0 / 9.0),
+            (1000, 1, 2.0 / 9.0),
+        ];
+        for (got, want) in w.iter().zip(want) {
+            assert_eq!((got.0, got.1), (want.0, want.1));
+            assert!((got.2 - want.2).abs() < 1e-12, "{w:?}");
+        }
+        // With memory the two 500 shapes stay apart (0.2 each): 200 (0.3),
+        // then a 500 (0.2) and the 1000 (0.2) or the other 500 reach 0.7,
+        // one more reaches 0.9 >= 0.8.
+        let p = FgdParams {
+            coverage: 0.8,
+            ..FgdParams::default()
+        };
+        let kept: usize = weights(p).iter().map(|g| g.1).sum();
+        assert_eq!(kept, 4);
+        // Full coverage keeps all five shapes, summing to 1.
+        let all = weights(FgdParams::default());
+        assert_eq!(all.iter().map(|g| g.1).sum::<usize>(), 5);
+        assert!((all.iter().map(|g| g.2).sum::<f64>() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn cpu_only_typical_pods_see_all_idle_capacity_or_only_when_short() {
+        // One 2-GPU node with 4 CPUs, one GPU half used. Workload: half
+        // CPU-only pods of 2 CPUs, half 500-milli pods.
+        let mut d = ShapeDistribution::default();
+        d.observe(Shape {
+            cpu_milli: 2000,
+            gpus: 0,
+            milli: 0,
+            ..share(0)
+        });
+        d.observe(share(500));
+        let cap = NodeCapacity {
+            cpu_milli: 4000,
+            memory_mib: 1 << 20,
+        };
+        let mut c = Cluster::new(vec![mk_node("a", 2, 10, 1000).with_capacity(cap)]);
+        c.node_mut(0).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 500,
+            usedcores: 50,
+        };
+        // Paper: CPU-only pods find all 1500 idle a fragment; the 500 pod
+        // fits both GPUs: 0.5 * 1500 + 0.5 * 0.
+        let idx = FgdIndex::new(&d, &c);
+        assert!((idx.node_fragmentation(0) - 750.0).abs() < 1e-9);
+        // When short only: the CPU fits, no fragment at all.
+        let p = FgdParams {
+            cpu_only: CpuOnlyFrag::WhenShort,
+            ..FgdParams::default()
+        };
+        let idx = FgdIndex::with_params(&d, &c, p);
+        assert!(idx.node_fragmentation(0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn quantized_score_is_the_papers_integer_sigmoid() {
+        let d = ShapeDistribution::default();
+        let c = Cluster::new(vec![]);
+        let idx = FgdIndex::new(&d, &c);
+        // 100 / (1 + e^(g/1000)), rounded down.
+        assert!((idx.score_of_growth(0.0) - 50.0).abs() < 1e-12);
+        assert!((idx.score_of_growth(30.0) - 49.0).abs() < 1e-12); // 49.25
+        assert!((idx.score_of_growth(-30.0) - 50.0).abs() < 1e-12); // 50.75
+        assert!((idx.score_of_growth(300.0) - 42.0).abs() < 1e-12); // 42.56
+        let exact = FgdParams {
+            quantize: false,
+            ..FgdParams::default()
+        };
+        let idx = FgdIndex::with_params(&d, &c, exact);
+        assert!((idx.score_of_growth(30.0) + 30.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn gpu_choice_by_score_takes_the_lowest_index_on_ties() {
+        // Workload: 600-milli pods. GPU0 has 700 free, GPU1 650. A 50 pod on
+        // GPU0 leaves 650 (no fragment); on GPU1 600 (none either). Exact
+        // growth ties too; by score the lowest index wins, by growth the
+        // least free share left (GPU1).
+        let mut d = ShapeDistribution::default();
+        d.observe(share(600));
+        let mut c = Cluster::new(vec![mk_node("a", 2, 10, 1000)]);
+        c.node_mut(0).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 300,
+            usedcores: 30,
+        };
+        c.node_mut(0).unwrap().usage[1] = GpuUse {
+            used: 1,
+            usedmem: 350,
+            usedcores: 35,
+        };
+        let idx = FgdIndex::new(&d, &c);
+        let (_, picks) = idx.best_on_node(&c, 0, &pod(5), &[0, 1]).unwrap();
+        assert_eq!(picks.app[0][0].gpu, 0);
+        let p = FgdParams {
+            gpu_by_score: false,
+            ..FgdParams::default()
+        };
+        let idx = FgdIndex::with_params(&d, &c, p);
+        let (_, picks) = idx.best_on_node(&c, 0, &pod(5), &[0, 1]).unwrap();
+        assert_eq!(picks.app[0][0].gpu, 1);
+        // A growth the score can tell apart still decides: a 100 pod on
+        // GPU1 leaves 550 < 600, a 550 fragment (score 36); on GPU0 600.
+        let idx = FgdIndex::new(&d, &c);
+        let (delta, picks) = idx.best_on_node(&c, 0, &pod(10), &[0, 1]).unwrap();
+        assert_eq!(picks.app[0][0].gpu, 0);
         assert!(delta.abs() < 1e-9, "{delta}");
     }
 

@@ -471,7 +471,9 @@ pub fn schedule(
                 // Equal fragmentation growth: a GPU pod goes to the fuller
                 // node (HAMi binpack score), keeping empty nodes whole; a
                 // CPU-only pod goes where CPU is least needed by idle GPUs.
-                let secondary = if req.wants_gpu() {
+                let secondary = if !index.params().tie_by_fullness {
+                    0.0
+                } else if req.wants_gpu() {
                     node_score(node)
                 } else {
                     let free_cpu = node
@@ -484,7 +486,7 @@ pub fn schedule(
                 };
                 index
                     .best_on_node(cluster, id, req, &order)
-                    .map(|(d, p)| ((-d, secondary), p))
+                    .map(|(d, p)| ((index.score_of_growth(d), secondary), p))
             }
         };
         match placed {
