@@ -89,6 +89,21 @@ pub struct ClusterModel {
     quotas: QuotaBook,
     /// The workload's shapes and the fragmentation index, for `fgd`.
     fragmentation: Fragmentation,
+    /// The previous filter's candidate names and their node ids.
+    resolved: Resolved,
+}
+
+/// Candidate names resolved to node ids, kept from one filter to the next:
+/// kube-scheduler sends the same list pod after pod, and comparing it in
+/// order costs far less than thousands of hash lookups whose keys are
+/// scattered over the heap. Names never leave the cluster (a deleted node
+/// keeps its id), so the ids stay right until a new node registers.
+#[derive(Debug, Default)]
+struct Resolved {
+    names: Vec<String>,
+    ids: Vec<Option<NodeId>>,
+    /// Nodes in the cluster when resolved.
+    nodes: usize,
 }
 
 /// A `spec.hard` value of a ResourceQuota that is not a whole number; the
@@ -182,6 +197,7 @@ impl ClusterModel {
             observed: HashMap::new(),
             decisions: HashMap::new(),
             fragmentation: Fragmentation::default(),
+            resolved: Resolved::default(),
         }
     }
 
@@ -532,9 +548,9 @@ impl ClusterModel {
 
         let mut failed = BTreeMap::new();
         let mut ids = Vec::with_capacity(candidates.len());
-        for name in candidates {
-            match self.cluster.node_id(name) {
-                Some(id) => ids.push(id),
+        for (name, id) in candidates.iter().zip(self.resolve(candidates)) {
+            match id {
+                Some(id) => ids.push(*id),
                 None => {
                     failed.insert(name.clone(), "node unregistered".to_owned());
                 }
@@ -611,6 +627,19 @@ impl ClusterModel {
             }
             Err(e) => FilterOutcome::Invalid(e.to_string()),
         }
+    }
+
+    /// The node id of each candidate name (`None`: not registered), from
+    /// the previous filter's resolution when the list is the same.
+    fn resolve(&mut self, candidates: &[String]) -> &[Option<NodeId>] {
+        let nodes = self.cluster.nodes().len();
+        let r = &mut self.resolved;
+        if r.nodes != nodes || r.names.as_slice() != candidates {
+            r.ids = candidates.iter().map(|n| self.cluster.node_id(n)).collect();
+            r.names = candidates.to_vec();
+            r.nodes = nodes;
+        }
+        &r.ids
     }
 
     /// The filter decision waiting for this pod's bind.
@@ -801,6 +830,20 @@ mod tests {
             panic!("expected no fit");
         };
         assert_eq!(failed["ghost"], "node unregistered");
+        // The same list again, once the node has registered: it is found,
+        // not answered from the previous resolution.
+        model.apply_node(&kube_node("ghost", 1, 1000)).unwrap();
+        assert!(matches!(
+            model.filter(&slice_pod("a", 100, 10), &names(&["ghost"])),
+            FilterOutcome::Placed { .. }
+        ));
+        // A different list is resolved afresh.
+        let FilterOutcome::Placed { failed, .. } =
+            model.filter(&slice_pod("b", 100, 10), &names(&["nobody", "ghost"]))
+        else {
+            panic!("ghost fits");
+        };
+        assert_eq!(failed["nobody"], "node unregistered");
     }
 
     #[test]

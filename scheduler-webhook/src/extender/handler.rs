@@ -72,13 +72,11 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
         reason,
         message,
     };
-    let candidates: Arc<[String]> = args.candidates().into();
     // Node objects in the request mean a simulation: decide, keep nothing.
     let keep = args.nodes.is_none();
-    let outcome = state
-        .model
-        .filter(args.pod, Arc::clone(&candidates), keep)
-        .await;
+    let (pod, names) = args.into_parts();
+    let candidates: Arc<[String]> = names.into();
+    let outcome = state.model.filter(pod, Arc::clone(&candidates), keep).await;
     let result_label = match &outcome {
         Err(_) => "error",
         Ok(FilterOutcome::NoGpuRequested) => "no_gpu",

@@ -46,6 +46,14 @@ impl ExtenderArgs {
             .or(self.nodes.as_deref())
             .unwrap_or(&[])
     }
+
+    /// The pod and the candidate node names, taken apart without copying
+    /// the names.
+    #[must_use]
+    pub fn into_parts(self) -> (Pod, Vec<String>) {
+        let names = self.node_names.or(self.nodes).unwrap_or_default();
+        (self.pod, names)
+    }
 }
 
 /// `ExtenderFilterResult`: the filter reply.
