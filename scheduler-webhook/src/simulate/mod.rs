@@ -4,7 +4,7 @@
 //! the allocation curve.
 //!
 //! This module owns the command line, file reading and output; the replay
-//! itself ([`replay`]) is pure.
+//! itself ([`mod@replay`]) is pure.
 
 pub mod replay;
 pub mod report;
