@@ -283,7 +283,7 @@ const PARALLEL_SCAN_MIN: usize = 2048;
 #[derive(Debug, Default)]
 struct Scan {
     best: Option<(f64, NodeId)>,
-    ties: usize,
+    ties: TieBreak,
     failed: Vec<(NodeId, FitFailure)>,
 }
 
@@ -298,7 +298,6 @@ impl Scan {
         rng: &mut SplitMix64,
     ) -> Self {
         let mut scan = Self::default();
-        let mut ties = TieBreak::default();
         for &id in ids {
             let Some(node) = cluster.node(id) else {
                 continue;
@@ -311,16 +310,14 @@ impl Scan {
             let replace = match scan.best {
                 Some((b, _)) => match compare_keys((key, 0.0), (b, 0.0)) {
                     std::cmp::Ordering::Greater => {
-                        ties.reset();
-                        scan.ties = 0;
-                        ties.offer(rng)
+                        scan.ties.reset();
+                        scan.ties.offer(rng)
                     }
-                    std::cmp::Ordering::Equal => ties.offer(rng),
+                    std::cmp::Ordering::Equal => scan.ties.offer(rng),
                     std::cmp::Ordering::Less => continue,
                 },
-                None => ties.offer(rng),
+                None => scan.ties.offer(rng),
             };
-            scan.ties += 1;
             if replace {
                 scan.best = Some((key, id));
             }
@@ -340,11 +337,12 @@ impl Scan {
                 std::cmp::Ordering::Greater => (self.best, self.ties) = (second.best, second.ties),
                 std::cmp::Ordering::Less => {}
                 std::cmp::Ordering::Equal => {
-                    let total = self.ties + second.ties;
-                    if rng.below(total) >= self.ties {
+                    let (mine, theirs) = (self.ties.count(), second.ties.count());
+                    let total = usize::try_from(mine + theirs).unwrap_or(usize::MAX);
+                    if u64::try_from(rng.below(total)).unwrap_or(u64::MAX) >= mine {
                         self.best = second.best;
                     }
-                    self.ties = total;
+                    self.ties.absorb(second.ties);
                 }
             },
         }

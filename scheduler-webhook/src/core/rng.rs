@@ -62,6 +62,18 @@ impl TieBreak {
         self.ties += 1;
         self.ties == 1 || rng.next_u64().is_multiple_of(self.ties)
     }
+
+    /// How many equal candidates the current group has seen.
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.ties
+    }
+
+    /// Adds another group's candidates to this one (after the caller chose
+    /// between the two groups' picks in proportion to their counts).
+    pub fn absorb(&mut self, other: Self) {
+        self.ties += other.ties;
+    }
 }
 
 #[cfg(test)]
