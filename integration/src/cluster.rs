@@ -1,8 +1,16 @@
-//! A whole GPU-sharing cluster in one process: the fake apiserver, the real
-//! scheduler-webhook (webhook + extender over TLS with a generated
-//! certificate), the fake kube-scheduler, and per node a real node-daemon
-//! with simulated GPUs next to a fake kubelet. Used by the end-to-end tests
-//! and the sandbox.
+//! A whole GPU-sharing cluster: the control plane, the real scheduler-webhook
+//! (webhook + extender over TLS), and per node a real node-daemon with
+//! simulated GPUs next to a fake kubelet. Used by the end-to-end tests and
+//! the sandbox.
+//!
+//! The control plane is either the stand-ins, in process
+//! ([`ControlPlaneKind::Fake`]: fake apiserver and fake kube-scheduler, fast,
+//! with fault injection), or the real kube-apiserver, etcd,
+//! kube-controller-manager and kube-scheduler built from `k8s.io/kubernetes`
+//! ([`ControlPlaneKind::Real`], see [`crate::real`]): then the chart's objects
+//! are installed, the apiserver calls our webhook at the URL the chart
+//! registers, kube-scheduler runs with the chart's configuration, and our
+//! services run with the chart's ServiceAccount tokens.
 //!
 //! Every component speaks its real protocol to the others: HTTPS between
 //! kube-scheduler and the extender, the Kubernetes API over HTTP, the device
@@ -53,6 +61,60 @@ pub struct ClusterSpec {
     pub node_cpu: String,
     /// Memory capacity of each node.
     pub node_memory: String,
+    /// Which control plane runs the cluster.
+    pub control_plane: ControlPlaneKind,
+}
+
+/// Which control plane a [`Cluster`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ControlPlaneKind {
+    /// The in-process stand-ins (fake apiserver and kube-scheduler).
+    #[default]
+    Fake,
+    /// The real kube-apiserver, etcd, kube-controller-manager and
+    /// kube-scheduler, built by `integration/k8s/build.sh`.
+    Real,
+}
+
+impl ControlPlaneKind {
+    /// The name used on command lines and in summaries.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fake => "fake",
+            Self::Real => "real",
+        }
+    }
+}
+
+impl ControlPlaneKind {
+    /// The variable the end-to-end tests read to pick their control plane.
+    pub const ENV: &'static str = "GPUSLICE_CONTROL_PLANE";
+
+    /// The control plane `$GPUSLICE_CONTROL_PLANE` names (`fake` when unset),
+    /// so the same end-to-end tests run on either; `.ci/run` runs them on
+    /// both.
+    ///
+    /// # Panics
+    /// The variable names no control plane (a test set-up error).
+    #[must_use]
+    pub fn from_env() -> Self {
+        match std::env::var(Self::ENV) {
+            Err(_) => Self::Fake,
+            Ok(v) => v.parse().unwrap_or_else(|e| panic!("{}: {e}", Self::ENV)),
+        }
+    }
+}
+
+impl std::str::FromStr for ControlPlaneKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fake" => Ok(Self::Fake),
+            "real" => Ok(Self::Real),
+            other => Err(format!("unknown control plane {other:?} (fake, real)")),
+        }
+    }
 }
 
 impl Default for ClusterSpec {
@@ -67,6 +129,7 @@ impl Default for ClusterSpec {
             gpu_policy: "spread".to_owned(),
             node_cpu: "64".to_owned(),
             node_memory: "512Gi".to_owned(),
+            control_plane: ControlPlaneKind::Fake,
         }
     }
 }
@@ -162,15 +225,29 @@ fn node_config(spec: &ClusterSpec, name: &str) -> NodeConfig {
     }
 }
 
+/// The control plane of a running [`Cluster`].
+enum Plane {
+    Fake {
+        api: FakeApiServer,
+        scheduler: Option<FakeScheduler>,
+    },
+    Real(Box<crate::real::control_plane::ControlPlane>),
+}
+
 /// A running cluster; [`Cluster::shutdown`] stops everything and removes
 /// every socket and file.
 pub struct Cluster {
     /// The spec it was started with.
     pub spec: ClusterSpec,
-    /// The API server.
-    pub api: FakeApiServer,
-    /// Kubeconfig for clients (kube-rs, kubectl).
+    /// Kubeconfig for clients (kube-rs, kubectl); cluster-admin on the real
+    /// control plane.
     pub kubeconfig: PathBuf,
+    /// The kubeconfig scheduler-webhook runs with (on the real control plane,
+    /// the chart's scheduler ServiceAccount).
+    pub webhook_kubeconfig: PathBuf,
+    /// The kubeconfig node-daemons run with (on the real control plane, the
+    /// chart's node-daemon ServiceAccount).
+    pub node_daemon_kubeconfig: PathBuf,
     /// The scheduler-webhook's HTTPS base URL.
     pub webhook_url: String,
     /// Its metrics URL.
@@ -178,7 +255,7 @@ pub struct Cluster {
     /// The simulated nodes.
     pub nodes: Vec<NodeHandle>,
     scheduler: Service,
-    fake_scheduler: Option<FakeScheduler>,
+    plane: Plane,
     tls: (PathBuf, PathBuf),
     dir: tempfile::TempDir,
 }
@@ -334,13 +411,56 @@ fn start_node_daemon(
     ))
 }
 
+/// Starts each node's fake kubelet (its Kubernetes side with `client`) and
+/// node-daemon (with `daemon_kubeconfig`).
+async fn start_nodes(
+    spec: &ClusterSpec,
+    client: &kube::Client,
+    daemon_kubeconfig: &Path,
+    dir: &Path,
+) -> Result<Vec<NodeHandle>, ClusterError> {
+    let mut nodes = Vec::with_capacity(spec.nodes);
+    for i in 0..spec.nodes {
+        let name = format!("gpu-node-{i}");
+        let node_dir = dir.join(&name);
+        let kubelet = FakeKubelet::start(KubeletConfig {
+            dir: node_dir.join("device-plugins"),
+            record_dir: Some(node_dir.join("records")),
+        })
+        .await
+        .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
+        let agent = NodeAgent::start(&kubelet, client.clone(), node_config(spec, &name))
+            .await
+            .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
+        let (daemon, health) =
+            start_node_daemon(spec, daemon_kubeconfig, &name, &node_dir.join("device-plugins"))?;
+        nodes.push(NodeHandle {
+            name,
+            dir: node_dir,
+            kubelet,
+            agent: Some(agent),
+            daemon,
+            health,
+        });
+    }
+    Ok(nodes)
+}
+
 impl Cluster {
-    /// Starts every component and waits until the scheduler is ready.
+    /// Starts every component on the control plane `spec.control_plane`
+    /// names.
     ///
     /// # Errors
     /// A [`ClusterError`] naming the component that failed.
     pub async fn start(spec: ClusterSpec) -> Result<Self, ClusterError> {
         let dir = tempfile::Builder::new().prefix("gpuslice-").tempdir()?;
+        match spec.control_plane {
+            ControlPlaneKind::Fake => Self::start_fake(spec, dir).await,
+            ControlPlaneKind::Real => Self::start_real(spec, dir).await,
+        }
+    }
+
+    async fn start_fake(spec: ClusterSpec, dir: tempfile::TempDir) -> Result<Self, ClusterError> {
         let api = FakeApiServer::start(SocketAddr::from(([127, 0, 0, 1], 0)))
             .await
             .map_err(|e| start_err("fake-apiserver", e))?;
@@ -356,7 +476,6 @@ impl Cluster {
         let (scheduler, api_addr, metrics_addr) =
             start_scheduler_webhook(&spec, &kubeconfig, &tls, None)?;
         let webhook_url = format!("https://{api_addr}");
-        let metrics_url = format!("http://{metrics_addr}/metrics");
         // kube-apiserver calls our webhook on every pod CREATE, trusting our CA,
         // as the chart's MutatingWebhookConfiguration (failurePolicy Fail) says.
         api.add_mutating_webhook(MutatingWebhook {
@@ -376,54 +495,133 @@ impl Cluster {
         )
         .await
         .map_err(|e| start_err("fake-scheduler", e))?;
-
-        let mut nodes = Vec::with_capacity(spec.nodes);
-        for i in 0..spec.nodes {
-            let name = format!("gpu-node-{i}");
-            let node_dir = dir.path().join(&name);
-            let kubelet = FakeKubelet::start(KubeletConfig {
-                dir: node_dir.join("device-plugins"),
-                record_dir: Some(node_dir.join("records")),
-            })
-            .await
-            .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
-            let agent = NodeAgent::start(&kubelet, client.clone(), node_config(&spec, &name))
-                .await
-                .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
-            let (daemon, health) =
-                start_node_daemon(&spec, &kubeconfig, &name, &node_dir.join("device-plugins"))?;
-            nodes.push(NodeHandle {
-                name,
-                dir: node_dir,
-                kubelet,
-                agent: Some(agent),
-                daemon,
-                health,
-            });
-        }
+        let nodes = start_nodes(&spec, &client, &kubeconfig, dir.path()).await?;
         Ok(Self {
             spec,
-            api,
+            webhook_kubeconfig: kubeconfig.clone(),
+            node_daemon_kubeconfig: kubeconfig.clone(),
             kubeconfig,
             webhook_url,
-            metrics_url,
+            metrics_url: format!("http://{metrics_addr}/metrics"),
             nodes,
             scheduler,
-            fake_scheduler: Some(fake_scheduler),
+            plane: Plane::Fake {
+                api,
+                scheduler: Some(fake_scheduler),
+            },
             tls,
             dir,
         })
     }
 
-    /// A kube client for the cluster.
+    async fn start_real(spec: ClusterSpec, dir: tempfile::TempDir) -> Result<Self, ClusterError> {
+        use crate::real::{binaries::Binaries, control_plane::ControlPlane, install};
+
+        let binaries = Binaries::find().map_err(|missing| {
+            start_err(
+                "real control plane",
+                format!(
+                    "not built ({} missing); run integration/k8s/build.sh",
+                    missing.join(", ")
+                ),
+            )
+        })?;
+        let mut plane = ControlPlane::start(binaries, &dir.path().join("control-plane"))
+            .await
+            .map_err(|e| start_err("real control plane", e))?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let webhook_addr = listener.local_addr()?;
+        drop(listener);
+        let mut sets = vec![
+            format!("schedulerName={SCHEDULER_NAME}"),
+            format!("scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy={}", spec.node_policy),
+            format!("scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy={}", spec.gpu_policy),
+        ];
+        sets.push(format!("devicePlugin.deviceSplitCount={}", spec.split_count));
+        let installed = install::install(&plane, webhook_addr.port(), &sets, dir.path())
+            .await
+            .map_err(|e| start_err("chart", e))?;
+        let kubeconfig = plane.admin_kubeconfig.clone();
+        let client = plane
+            .admin_client()
+            .await
+            .map_err(|e| start_err("kube-apiserver", e))?;
+        let (scheduler, api_addr, metrics_addr) = start_scheduler_webhook(
+            &spec,
+            &installed.scheduler_kubeconfig,
+            &installed.tls,
+            Some(webhook_addr),
+        )?;
+        // kube-scheduler runs in the scheduler pod beside scheduler-webhook,
+        // as the same ServiceAccount, with the chart's configuration.
+        plane
+            .start_scheduler(&installed.scheduler_config, &installed.scheduler_kubeconfig)
+            .map_err(|e| start_err("kube-scheduler", e))?;
+        let nodes = start_nodes(&spec, &client, &installed.node_daemon_kubeconfig, dir.path()).await?;
+        Ok(Self {
+            spec,
+            kubeconfig,
+            webhook_kubeconfig: installed.scheduler_kubeconfig,
+            node_daemon_kubeconfig: installed.node_daemon_kubeconfig,
+            webhook_url: format!("https://{api_addr}"),
+            metrics_url: format!("http://{metrics_addr}/metrics"),
+            nodes,
+            scheduler,
+            plane: Plane::Real(Box::new(plane)),
+            tls: installed.tls,
+            dir,
+        })
+    }
+
+    /// The fake apiserver, when the cluster runs on the stand-ins (for fault
+    /// injection and request counts).
+    #[must_use]
+    pub fn fake_api(&self) -> Option<&FakeApiServer> {
+        match &self.plane {
+            Plane::Fake { api, .. } => Some(api),
+            Plane::Real(_) => None,
+        }
+    }
+
+    /// The real control plane, when the cluster runs on it.
+    #[must_use]
+    pub fn real_control_plane(&self) -> Option<&crate::real::control_plane::ControlPlane> {
+        match &self.plane {
+            Plane::Fake { .. } => None,
+            Plane::Real(plane) => Some(plane),
+        }
+    }
+
+    /// What runs the cluster: `(kube-apiserver, kube-scheduler, kubelet)`
+    /// versions, or "stand-in".
+    pub async fn control_plane_versions(&self) -> (String, String, String) {
+        const STAND_IN: &str = "stand-in";
+        match &self.plane {
+            Plane::Fake { .. } => (STAND_IN.into(), STAND_IN.into(), STAND_IN.into()),
+            Plane::Real(plane) => (
+                plane.apiserver_version().await.unwrap_or_else(|e| format!("unknown: {e}")),
+                plane.binary_version("kube-scheduler"),
+                STAND_IN.into(),
+            ),
+        }
+    }
+
+    /// A kube client for the cluster (cluster-admin on the real control
+    /// plane).
     ///
     /// # Errors
     /// The client cannot be built.
     pub async fn client(&self) -> Result<kube::Client, ClusterError> {
-        self.api
-            .client()
-            .await
-            .map_err(|e| start_err("fake-apiserver", e))
+        match &self.plane {
+            Plane::Fake { api, .. } => api
+                .client()
+                .await
+                .map_err(|e| start_err("fake-apiserver", e)),
+            Plane::Real(plane) => plane
+                .admin_client()
+                .await
+                .map_err(|e| start_err("kube-apiserver", e)),
+        }
     }
 
     /// Waits until every node advertises its GPUs (register annotation and
@@ -434,8 +632,9 @@ impl Cluster {
     pub async fn wait_until_ready(&self) -> Result<(), ClusterError> {
         let client = self.client().await?;
         let want = self.spec.nodes;
+        let nodes_client = client.clone();
         crate::harness::wait_for_list(
-            Api::<k8s_openapi::api::core::v1::Node>::all(client),
+            Api::<k8s_openapi::api::core::v1::Node>::all(nodes_client),
             kube::runtime::watcher::Config::default(),
             "nodes to register their GPUs",
             Duration::from_secs(60),
@@ -460,10 +659,26 @@ impl Cluster {
         )
         .await
         .map_err(|e| start_err("nodes", e))?;
-        if let Some(s) = &self.fake_scheduler {
-            s.wait_for(Duration::from_secs(60), |st| st.leader && st.synced)
+        match &self.plane {
+            Plane::Fake {
+                scheduler: Some(s), ..
+            } => s
+                .wait_for(Duration::from_secs(60), |st| st.leader && st.synced)
                 .await
-                .map_err(|e| start_err("fake-scheduler", e))?;
+                .map(drop)
+                .map_err(|e| start_err("fake-scheduler", e))?,
+            Plane::Fake { scheduler: None, .. } => {}
+            Plane::Real(_) => {
+                // kube-scheduler leads once it holds its Lease (named after
+                // the scheduler, in the release namespace).
+                use k8s_openapi::api::coordination::v1::Lease;
+                let leases: Api<Lease> = Api::namespaced(client, crate::real::install::NAMESPACE);
+                crate::harness::wait_for_object(leases, SCHEDULER_NAME, Duration::from_secs(90), |l: &Lease| {
+                    l.spec.as_ref().and_then(|s| s.holder_identity.as_ref()).is_some_and(|h| !h.is_empty())
+                })
+                .await
+                .map_err(|e| start_err("kube-scheduler", format!("{e}; {}", self.real_control_plane().map(|p| p.logs()).unwrap_or_default())))?;
+            }
         }
         Ok(())
     }
@@ -510,10 +725,12 @@ impl Cluster {
     /// The fake scheduler's counters.
     #[must_use]
     pub fn scheduler_stats(&self) -> crate::fake_scheduler::Stats {
-        self.fake_scheduler
-            .as_ref()
-            .map(FakeScheduler::stats)
-            .unwrap_or_default()
+        match &self.plane {
+            Plane::Fake {
+                scheduler: Some(s), ..
+            } => s.stats(),
+            _ => crate::fake_scheduler::Stats::default(),
+        }
     }
 
     /// Creates a pod the way `kubectl apply` would. The API server runs the
@@ -546,7 +763,7 @@ impl Cluster {
         self.scheduler
             .stop()
             .map_err(|e| start_err("scheduler-webhook", e))?;
-        let kubeconfig = self.kubeconfig.clone();
+        let kubeconfig = self.webhook_kubeconfig.clone();
         let (service, _, metrics) =
             start_scheduler_webhook(&self.spec, &kubeconfig, &self.tls, Some(addr))?;
         self.scheduler = service;
@@ -561,7 +778,7 @@ impl Cluster {
     /// It could not stop cleanly or start again.
     pub fn restart_node_daemon(&mut self, i: usize) -> Result<(), ClusterError> {
         let spec = self.spec.clone();
-        let kubeconfig = self.kubeconfig.clone();
+        let kubeconfig = self.node_daemon_kubeconfig.clone();
         let node = self
             .nodes
             .get_mut(i)
@@ -625,7 +842,9 @@ impl Cluster {
 
     /// Stops everything, removes every socket and file.
     pub async fn shutdown(mut self) {
-        if let Some(s) = self.fake_scheduler.take() {
+        if let Plane::Fake { scheduler, .. } = &mut self.plane
+            && let Some(s) = scheduler.take()
+        {
             s.shutdown().await;
         }
         for node in &mut self.nodes {
@@ -638,6 +857,10 @@ impl Cluster {
             node.kubelet.shutdown().await;
         }
         let _ = self.scheduler.stop();
-        self.api.shutdown().await;
+        match self.plane {
+            Plane::Fake { api, .. } => api.shutdown().await,
+            // Dropping the processes kills them.
+            Plane::Real(plane) => drop(plane),
+        }
     }
 }

@@ -8,5 +8,6 @@ pub mod fake_apiserver;
 pub mod fake_kubelet;
 pub mod fake_scheduler;
 pub mod harness;
+pub mod real;
 pub mod sandbox;
 pub mod workload;

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use integration::cluster::{Cluster, ClusterSpec, SCHEDULER_NAME};
+use integration::cluster::{Cluster, ClusterSpec, ControlPlaneKind, SCHEDULER_NAME};
 use integration::harness::{wait_for_pod, wait_for_pod_events};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::Api;
@@ -46,6 +46,7 @@ async fn a_slice_pod_is_filtered_bound_and_allocated() {
     let cluster = Cluster::start(ClusterSpec {
         nodes: 1,
         gpus_per_node: 2,
+        control_plane: ControlPlaneKind::from_env(),
         ..ClusterSpec::default()
     })
     .await
@@ -92,6 +93,7 @@ async fn a_namespace_quota_admits_pods_until_full_then_denies_or_holds_the_rest(
     let cluster = Cluster::start(ClusterSpec {
         nodes: 1,
         gpus_per_node: 2,
+        control_plane: ControlPlaneKind::from_env(),
         ..ClusterSpec::default()
     })
     .await
@@ -198,6 +200,7 @@ async fn the_fgd_default_places_pods_where_fragmentation_grows_least_without_ove
         nodes: 2,
         gpus_per_node: 1,
         node_policy: "fgd".to_owned(),
+        control_plane: ControlPlaneKind::from_env(),
         ..ClusterSpec::default()
     })
     .await

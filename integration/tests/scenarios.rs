@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use integration::checker;
-use integration::cluster::{Cluster, ClusterSpec};
+use integration::cluster::{Cluster, ClusterSpec, ControlPlaneKind};
 use integration::fake_apiserver::FaultSpec;
 use integration::harness::{bound_node, pod_condition, pod_events, wait_for_list};
 use integration::workload;
@@ -52,11 +52,22 @@ fn init_logs() {
     }
 }
 
+/// True (after saying so) when the run is on the real control plane and the
+/// test injects faults through the fake apiserver, which only it can do.
+fn fake_only(test: &str) -> bool {
+    let real = ControlPlaneKind::from_env() == ControlPlaneKind::Real;
+    if real {
+        eprintln!("SKIPPED {test}: injects API faults through the fake apiserver (fake control plane only)");
+    }
+    real
+}
+
 async fn start(nodes: usize, gpus_per_node: u32) -> Cluster {
     init_logs();
     let cluster = Cluster::start(ClusterSpec {
         nodes,
         gpus_per_node,
+        control_plane: ControlPlaneKind::from_env(),
         ..ClusterSpec::default()
     })
     .await
@@ -507,8 +518,11 @@ async fn kubelet_restart_plugin_reregisters_and_running_pods_keep_devices() {
 /// cut twice; everything still runs and the checker is clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_faults_on_bindings_locks_and_watches_during_a_burst_settle_clean() {
+    if fake_only("api_faults_on_bindings_locks_and_watches_during_a_burst_settle_clean") {
+        return;
+    }
     let cluster = start(1, 4).await;
-    let api = &cluster.api;
+    let api = cluster.fake_api().expect("runs on the fake control plane");
     let pods_path = format!("/api/v1/namespaces/{NS}/pods/");
     // Rules matching the same request are consumed together, so 409s and
     // 500s on the same path come in two rounds.
@@ -537,8 +551,11 @@ async fn api_faults_on_bindings_locks_and_watches_during_a_burst_settle_clean() 
 /// `pods/binding`, 409s and 500s on node patches, watches cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_faults_on_pod_patches_during_a_burst_settle_clean() {
+    if fake_only("api_faults_on_pod_patches_during_a_burst_settle_clean") {
+        return;
+    }
     let cluster = start(1, 4).await;
-    let api = &cluster.api;
+    let api = cluster.fake_api().expect("runs on the fake control plane");
     let pods_path = format!("/api/v1/namespaces/{NS}/pods/");
     // Round 1: pods/binding 500s, pod patch 409s, node (lock) patch 409s,
     // and one 500 on the status write of burst-3 (only the kubelet writes
@@ -580,7 +597,10 @@ async fn admit_with_fault(cluster: &mut Cluster, pod: &str, fault: FaultSpec) {
         })
     })
     .await;
-    cluster.api.inject(fault);
+    cluster
+        .fake_api()
+        .expect("runs on the fake control plane")
+        .inject(fault);
     cluster.resume_node_agent(0).await.unwrap();
 }
 
@@ -589,6 +609,9 @@ async fn admit_with_fault(cluster: &mut Cluster, pod: &str, fault: FaultSpec) {
 /// still runs, and the node is not left locked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transient_api_error_after_allocate_does_not_fail_the_pod() {
+    if fake_only("a_transient_api_error_after_allocate_does_not_fail_the_pod") {
+        return;
+    }
     let mut cluster = start(1, 2).await;
     // Only node-daemon patches the pod itself between bind and the
     // kubelet's outcome (the kubelet's status write goes to .../status,
@@ -611,6 +634,9 @@ async fn a_transient_api_error_after_allocate_does_not_fail_the_pod() {
 /// sync, so the pod ends Running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transient_api_error_on_the_kubelet_status_write_is_retried() {
+    if fake_only("a_transient_api_error_on_the_kubelet_status_write_is_retried") {
+        return;
+    }
     let mut cluster = start(1, 2).await;
     let fault = FaultSpec::fail(
         "PATCH",

@@ -272,12 +272,15 @@ async fn steady(window_secs: u64) -> anyhow::Result<Vec<Row>> {
         },
     )
     .await?;
-    let before = cluster.api.stats().requests;
+    let api = cluster
+        .fake_api()
+        .ok_or_else(|| anyhow::anyhow!("the quiet-period count needs the fake apiserver's request log"))?;
+    let before = api.stats().requests;
     let window = Duration::from_secs(window_secs);
     tokio::time::sleep(window).await; // measuring a quiet period is the point here
-    let after = cluster.api.stats().requests;
+    let after = api.stats().requests;
     let served = usize::try_from(after - before).unwrap_or(usize::MAX);
-    let log = cluster.api.requests();
+    let log = api.requests();
     let recent = &log[log.len().saturating_sub(served)..];
     let mut writes: BTreeMap<String, u64> = BTreeMap::new();
     for r in recent.iter().filter(|r| gpuslice_write(&r.method, &r.path)) {

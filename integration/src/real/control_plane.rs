@@ -1,0 +1,436 @@
+//! The real control plane as processes on 127.0.0.1: etcd, kube-apiserver
+//! (Node,RBAC authorization; the admission plugins of a real cluster),
+//! kube-controller-manager (quota status, service accounts, namespaces,
+//! garbage collection) and any number of kube-schedulers started with a
+//! configuration the caller gives (the chart's). Every process logs to a file
+//! in the cluster's folder; a failure to start quotes the end of that log.
+
+use std::fs::File;
+use std::io::{BufRead as _, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::api::PostParams;
+
+use super::binaries::Binaries;
+use super::pki::{CertFiles, Pki};
+
+/// The admission plugins turned on, as a real cluster has them.
+pub const ADMISSION_PLUGINS: &str = "NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultTolerationSeconds,\
+NodeRestriction,PodSecurity,Priority,ResourceQuota,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,\
+ValidatingAdmissionPolicy,MutatingAdmissionPolicy";
+
+/// The range kube-apiserver allocates ClusterIPs from. It must be given, and
+/// nothing here may ever dial an address in it.
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16";
+
+/// A free TCP port on 127.0.0.1 (bound and released; the process that gets it
+/// binds it a moment later).
+///
+/// # Errors
+/// No port could be bound.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One child process, killed when dropped.
+#[derive(Debug)]
+pub struct Process {
+    /// What it is (for messages).
+    pub name: String,
+    /// Where its stdout/stderr go.
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Process {
+    /// Starts `binary` with `args`, stdout and stderr to `<dir>/<name>.log`,
+    /// without the in-cluster environment.
+    ///
+    /// # Errors
+    /// The binary could not be started.
+    pub fn spawn(name: &str, binary: &Path, args: &[String], dir: &Path) -> Result<Self, String> {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).map_err(|e| format!("{name}: {e}"))?;
+        let err = out.try_clone().map_err(|e| format!("{name}: {e}"))?;
+        let child = Command::new(binary)
+            .args(args)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("starting {name} ({}): {e}", binary.display()))?;
+        Ok(Self { name: name.to_owned(), log, child })
+    }
+
+    /// `Some(reason)` when the process has exited.
+    pub fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(format!("{} exited ({status}); {}", self.name, self.log_tail())),
+            Ok(None) => None,
+            Err(e) => Some(format!("{}: {e}", self.name)),
+        }
+    }
+
+    /// The last lines of its log.
+    #[must_use]
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(15)..].join("\n  ");
+        format!("last lines of {}:\n  {tail}", self.log.display())
+    }
+
+    /// Kills it (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The process id.
+    #[must_use]
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Who a kubeconfig authenticates as.
+#[derive(Debug, Clone)]
+pub enum Credentials {
+    /// A client certificate.
+    Certificate(CertFiles),
+    /// A bearer token (a ServiceAccount's).
+    Token(String),
+}
+
+/// A running control plane.
+#[derive(Debug)]
+pub struct ControlPlane {
+    /// The binaries it runs.
+    pub binaries: Binaries,
+    /// Its PKI.
+    pub pki: Pki,
+    /// `https://127.0.0.1:PORT` of kube-apiserver.
+    pub server: String,
+    /// A cluster-admin kubeconfig (client certificate in `system:masters`).
+    pub admin_kubeconfig: PathBuf,
+    /// The kube-schedulers started so far (index = start order).
+    pub schedulers: Vec<Process>,
+    dir: PathBuf,
+    controller_manager: Option<Process>,
+    apiserver: Process,
+    etcd: Process,
+}
+
+fn wait_line(process: &mut Process, stdout_file: &Path, want: &str, deadline: Duration) -> Result<(), String> {
+    // etcd prints "ready" once serving; its stdout is the log file.
+    let start = Instant::now();
+    loop {
+        if let Ok(f) = File::open(stdout_file)
+            && BufReader::new(f).lines().map_while(Result::ok).any(|l| l == want)
+        {
+            return Ok(());
+        }
+        if let Some(reason) = process.exited() {
+            return Err(reason);
+        }
+        if start.elapsed() > deadline {
+            return Err(format!("{} did not print {want:?} within {deadline:?}; {}", process.name, process.log_tail()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and kube-controller-manager in `dir` and
+    /// waits until the apiserver is ready and the `default` ServiceAccount
+    /// exists (pods can be created).
+    ///
+    /// # Errors
+    /// A component did not start; the message quotes its log.
+    pub async fn start(binaries: Binaries, dir: &Path) -> Result<Self, String> {
+        let io = |e: std::io::Error| e.to_string();
+        let pki = Pki::generate(&dir.join("pki")).map_err(io)?;
+        let (client_port, peer_port, api_port) = (free_port().map_err(io)?, free_port().map_err(io)?, free_port().map_err(io)?);
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let mut etcd = Process::spawn(
+            "etcd",
+            &binaries.path("etcd"),
+            &[
+                "--data-dir".into(),
+                dir.join("etcd").display().to_string(),
+                "--client-url".into(),
+                etcd_url.clone(),
+                "--peer-url".into(),
+                format!("http://127.0.0.1:{peer_port}"),
+            ],
+            dir,
+        )?;
+        let etcd_log = etcd.log.clone();
+        tokio::task::block_in_place(|| wait_line(&mut etcd, &etcd_log, "ready", Duration::from_secs(60)))?;
+
+        let p = |x: &Path| x.display().to_string();
+        let apiserver = Process::spawn(
+            "kube-apiserver",
+            &binaries.path("kube-apiserver"),
+            &[
+                format!("--etcd-servers={etcd_url}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={api_port}"),
+                format!("--tls-cert-file={}", p(&pki.apiserver.cert)),
+                format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
+                format!("--client-ca-file={}", p(&pki.ca)),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", p(&pki.service_account.cert)),
+                format!("--service-account-signing-key-file={}", p(&pki.service_account.key)),
+                format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
+                "--authorization-mode=Node,RBAC".into(),
+                format!("--enable-admission-plugins={ADMISSION_PLUGINS}"),
+                "--allow-privileged=true".into(),
+                // One endpoint reconciler less: the "kubernetes" Service's
+                // endpoints would name 127.0.0.1, which validation refuses.
+                "--endpoint-reconciler-type=none".into(),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+            dir,
+        )?;
+        let admin = pki.client("admin", "kubernetes-admin", &["system:masters"]).map_err(io)?;
+        let server = format!("https://127.0.0.1:{api_port}");
+        let admin_kubeconfig = dir.join("admin.kubeconfig");
+        write_kubeconfig(&admin_kubeconfig, &server, &pki.ca, &Credentials::Certificate(admin))?;
+        let mut plane = Self {
+            binaries,
+            pki,
+            server,
+            admin_kubeconfig,
+            schedulers: Vec::new(),
+            dir: dir.to_owned(),
+            controller_manager: None,
+            apiserver,
+            etcd,
+        };
+        plane.wait_ready().await?;
+
+        let kcm = plane.pki.client("kube-controller-manager", "system:kube-controller-manager", &[]).map_err(io)?;
+        let kcm_kubeconfig = dir.join("kube-controller-manager.kubeconfig");
+        write_kubeconfig(&kcm_kubeconfig, &plane.server, &plane.pki.ca, &Credentials::Certificate(kcm))?;
+        let kcm_port = free_port().map_err(io)?;
+        plane.controller_manager = Some(Process::spawn(
+            "kube-controller-manager",
+            &plane.binaries.path("kube-controller-manager"),
+            &[
+                format!("--kubeconfig={}", p(&kcm_kubeconfig)),
+                format!("--authentication-kubeconfig={}", p(&kcm_kubeconfig)),
+                format!("--authorization-kubeconfig={}", p(&kcm_kubeconfig)),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={kcm_port}"),
+                format!("--service-account-private-key-file={}", p(&plane.pki.service_account.key)),
+                format!("--root-ca-file={}", p(&plane.pki.ca)),
+                "--use-service-account-credentials=true".into(),
+                "--controllers=*".into(),
+                "--leader-elect=false".into(),
+                format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+            dir,
+        )?);
+        plane.wait_for_default_service_account("default").await?;
+        Ok(plane)
+    }
+
+    /// A cluster-admin client.
+    ///
+    /// # Errors
+    /// The kubeconfig cannot be read.
+    pub async fn admin_client(&self) -> Result<kube::Client, String> {
+        client_from(&self.admin_kubeconfig).await
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let client = self.admin_client().await?;
+        let start = Instant::now();
+        let mut last = String::new();
+        // No event announces readiness: poll /readyz (bounded, 100 ms apart).
+        while start.elapsed() < Duration::from_secs(120) {
+            if let Some(reason) = self.apiserver.exited() {
+                return Err(reason);
+            }
+            let req = http::Request::get("/readyz").body(Vec::new()).map_err(|e| e.to_string())?;
+            match client.request_text(req).await {
+                Ok(text) if text.trim() == "ok" => return Ok(()),
+                Ok(text) => last = text,
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!("kube-apiserver not ready after 120 s (last: {last}); {}", self.apiserver.log_tail()))
+    }
+
+    /// Waits until the service-account controller created `default` in
+    /// `namespace` (until then the ServiceAccount admission plugin refuses
+    /// pods there).
+    ///
+    /// # Errors
+    /// Not within a minute.
+    pub async fn wait_for_default_service_account(&self, namespace: &str) -> Result<(), String> {
+        let client = self.admin_client().await?;
+        crate::harness::wait_for_list(
+            Api::<ServiceAccount>::namespaced(client, namespace),
+            kube::runtime::watcher::Config::default().fields("metadata.name=default"),
+            &format!("ServiceAccount {namespace}/default"),
+            Duration::from_secs(60),
+            |sas| !sas.is_empty(),
+        )
+        .await
+        .map(drop)
+        .map_err(|e| {
+            let kcm = self.controller_manager.as_ref().map(Process::log_tail).unwrap_or_default();
+            format!("{e}; {kcm}")
+        })
+    }
+
+    /// The version kube-apiserver reports at `/version`.
+    ///
+    /// # Errors
+    /// The request failed.
+    pub async fn apiserver_version(&self) -> Result<String, String> {
+        let info = self.admin_client().await?.apiserver_version().await.map_err(|e| e.to_string())?;
+        Ok(info.git_version)
+    }
+
+    /// The version a binary prints with `--version` (e.g. "Kubernetes v1.37.2").
+    #[must_use]
+    pub fn binary_version(&self, name: &str) -> String {
+        Command::new(self.binaries.path(name))
+            .arg("--version")
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().trim_start_matches("Kubernetes ").to_owned())
+            .unwrap_or_default()
+    }
+
+    /// Writes a kubeconfig for a ServiceAccount, with a token from the
+    /// TokenRequest API (what a pod's projected token is), valid for a day.
+    ///
+    /// # Errors
+    /// The request failed (the ServiceAccount must exist).
+    pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf, String> {
+        let client = self.admin_client().await?;
+        let api: Api<ServiceAccount> = Api::namespaced(client, namespace);
+        let request = serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 86_400},
+        });
+        let response: serde_json::Value = api
+            .create_subresource("token", name, &PostParams::default(), &request)
+            .await
+            .map_err(|e| format!("token for ServiceAccount {namespace}/{name}: {e}"))?;
+        let token = response["status"]["token"]
+            .as_str()
+            .ok_or_else(|| format!("token for ServiceAccount {namespace}/{name}: no status.token"))?;
+        let path = self.dir.join(format!("sa-{namespace}-{name}.kubeconfig"));
+        write_kubeconfig(&path, &self.server, &self.pki.ca, &Credentials::Token(token.to_owned()))?;
+        Ok(path)
+    }
+
+    /// A kubeconfig with a client certificate for `user` in `groups` (e.g. a
+    /// kubelet: `system:node:NAME` in `system:nodes`).
+    ///
+    /// # Errors
+    /// Signing or writing failed.
+    pub fn certificate_kubeconfig(&self, file: &str, user: &str, groups: &[&str]) -> Result<PathBuf, String> {
+        let cert = self.pki.client(file, user, groups).map_err(|e| e.to_string())?;
+        let path = self.dir.join(format!("{file}.kubeconfig"));
+        write_kubeconfig(&path, &self.server, &self.pki.ca, &Credentials::Certificate(cert))?;
+        Ok(path)
+    }
+
+    /// Starts a kube-scheduler with `config` (a KubeSchedulerConfiguration,
+    /// e.g. from the chart's ConfigMap) as the user of `kubeconfig`; returns
+    /// its index in [`ControlPlane::schedulers`].
+    ///
+    /// # Errors
+    /// It could not be started.
+    pub fn start_scheduler(&mut self, config: &str, kubeconfig: &Path) -> Result<usize, String> {
+        let i = self.schedulers.len();
+        let config_path = self.dir.join(format!("kube-scheduler-{i}.yaml"));
+        std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
+        let port = free_port().map_err(|e| e.to_string())?;
+        let k = kubeconfig.display().to_string();
+        let process = Process::spawn(
+            &format!("kube-scheduler-{i}"),
+            &self.binaries.path("kube-scheduler"),
+            &[
+                format!("--config={}", config_path.display()),
+                format!("--kubeconfig={k}"),
+                format!("--authentication-kubeconfig={k}"),
+                format!("--authorization-kubeconfig={k}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                "--v=2".into(),
+            ],
+            &self.dir,
+        )?;
+        self.schedulers.push(process);
+        Ok(i)
+    }
+
+    /// The end of every process's log, for a failing test's message.
+    #[must_use]
+    pub fn logs(&self) -> String {
+        let mut all = vec![self.etcd.log_tail(), self.apiserver.log_tail()];
+        all.extend(self.controller_manager.iter().map(Process::log_tail));
+        all.extend(self.schedulers.iter().map(Process::log_tail));
+        all.join("\n")
+    }
+}
+
+/// A kube client from a kubeconfig file.
+///
+/// # Errors
+/// The file is unreadable or invalid.
+pub async fn client_from(path: &Path) -> Result<kube::Client, String> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Writes a one-context kubeconfig.
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_kubeconfig(path: &Path, server: &str, ca: &Path, credentials: &Credentials) -> Result<(), String> {
+    let user = match credentials {
+        Credentials::Certificate(c) => format!(
+            "    client-certificate: {}\n    client-key: {}\n",
+            c.cert.display(),
+            c.key.display()
+        ),
+        Credentials::Token(t) => format!("    token: {t}\n"),
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: real\n  cluster:\n    server: {server}\n    certificate-authority: {}\n\
+users:\n- name: user\n  user:\n{user}contexts:\n- name: real\n  context:\n    cluster: real\n    user: user\n    namespace: default\n\
+current-context: real\n",
+        ca.display()
+    );
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}

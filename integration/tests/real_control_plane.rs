@@ -1,0 +1,223 @@
+//! gpuslice on the real Kubernetes control plane: kube-apiserver, etcd,
+//! kube-controller-manager and kube-scheduler built from `k8s.io/kubernetes`
+//! by `integration/k8s/build.sh`. The real apiserver calls our webhook at the
+//! URL the chart registers, the real kube-scheduler calls our extender with
+//! the chart's configuration, and our services run with the chart's
+//! ServiceAccount tokens and RBAC.
+//!
+//! Each test skips, saying why, when the binaries are not built; `.ci/run`
+//! builds them first, so in CI none skips. (The scenario and e2e tests run
+//! on this control plane too, with `GPUSLICE_CONTROL_PLANE=real`.)
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test harness: a failed setup step must panic"
+)]
+
+use std::time::Duration;
+
+use integration::cluster::{Cluster, ClusterSpec, ControlPlaneKind, SCHEDULER_NAME};
+use integration::harness::wait_for_pod;
+use integration::real::binaries::{Binaries, kubernetes_version};
+use integration::real::chart::{self, Release};
+use integration::real::control_plane::ControlPlane;
+use integration::workload;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+async fn start(test: &str, nodes: usize, gpus_per_node: u32) -> Option<Cluster> {
+    Binaries::for_test(test)?;
+    let cluster = Cluster::start(ClusterSpec {
+        nodes,
+        gpus_per_node,
+        control_plane: ControlPlaneKind::Real,
+        ..ClusterSpec::default()
+    })
+    .await
+    .unwrap();
+    cluster.wait_until_ready().await.unwrap();
+    Some(cluster)
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or_default()
+}
+
+/// A GPU pod created without a scheduler name is mutated by our webhook (the
+/// real apiserver called it), scheduled by the real kube-scheduler through
+/// our extender, allocated by our node-daemon, and the checker is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_apiserver_calls_our_webhook_and_kube_scheduler_our_extender() {
+    let Some(cluster) = start("webhook_and_extender", 1, 2).await else {
+        return;
+    };
+    let (apiserver, scheduler, kubelet) = cluster.control_plane_versions().await;
+    assert_eq!(apiserver, kubernetes_version());
+    assert_eq!(scheduler, kubernetes_version());
+    assert_eq!(kubelet, "stand-in");
+
+    let pod = workload::gpu_pod(
+        "slice-0",
+        &json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}),
+    );
+    let created = cluster.create_pod(&pod).await.unwrap();
+    let spec = created.spec.unwrap();
+    assert_eq!(spec.scheduler_name.as_deref(), Some(SCHEDULER_NAME), "the webhook routed it");
+
+    let client = cluster.client().await.unwrap();
+    let pod = wait_for_pod(&client, "default", "slice-0", DEADLINE, |p| {
+        matches!(phase(p), "Running" | "Failed")
+    })
+    .await
+    .unwrap();
+    assert_eq!(phase(&pod), "Running", "{:#?}", pod.status);
+    let annotations = pod.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations.get("hami.io/vgpu-node").map(String::as_str), Some("gpu-node-0"));
+    assert!(
+        annotations["hami.io/vgpu-devices-allocated"].contains(",NVIDIA,3000,30:"),
+        "{annotations:?}"
+    );
+    let (report, _) = cluster.check().await.unwrap();
+    assert!(report.is_clean(), "{report:#?}");
+    cluster.shutdown().await;
+}
+
+/// The pods of the demo run on the real control plane, except the one that
+/// fits nowhere; the checker is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_mix_runs_on_the_real_control_plane() {
+    let Some(cluster) = start("demo_mix", 2, 4).await else {
+        return;
+    };
+    let demo = workload::demo(cluster.spec.gpu_memory_mib);
+    for d in &demo {
+        cluster.create_pod(&d.pod).await.unwrap();
+    }
+    let client = cluster.client().await.unwrap();
+    for d in demo.iter().filter(|d| !d.expect_unschedulable) {
+        let name = d.pod.metadata.name.as_deref().unwrap();
+        let pod = wait_for_pod(&client, "default", name, DEADLINE, |p| {
+            matches!(phase(p), "Running" | "Failed")
+        })
+        .await
+        .unwrap();
+        assert_eq!(phase(&pod), "Running", "{name}: {:#?}", pod.status);
+    }
+    let too_big = demo.iter().find(|d| d.expect_unschedulable).unwrap();
+    let name = too_big.pod.metadata.name.as_deref().unwrap();
+    let pod = wait_for_pod(&client, "default", name, DEADLINE, |p| {
+        p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+            cs.iter().any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(phase(&pod), "Pending");
+    let (report, _) = cluster.check().await.unwrap();
+    assert!(report.is_clean(), "{report:#?}");
+    cluster.shutdown().await;
+}
+
+/// The chart registers the webhook by Service by default: the harness
+/// refuses to apply that to an apiserver (it would dial a ClusterIP).
+#[test]
+fn the_harness_refuses_the_default_service_registration() {
+    let objects = match (Release {
+        name: "gpuslice".into(),
+        namespace: "gpuslice-system".into(),
+        sets: Vec::new(),
+        values_files: Vec::new(),
+    })
+    .render()
+    {
+        Ok(o) => o,
+        Err(e) => panic!("helm template: {e}"),
+    };
+    let err = chart::check_loopback(&objects).unwrap_err();
+    assert!(err.contains("registered by Service"), "{err}");
+}
+
+/// `helm install` into the real apiserver, with default values and with
+/// every feature on (the webhook registered by URL on 127.0.0.1): the real
+/// validation accepts every object, and `helm test`'s pod spec is accepted
+/// (server-side dry run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_into_the_real_apiserver_accepts_every_object() {
+    let Some(binaries) = Binaries::for_test("helm_install") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let plane = ControlPlane::start(binaries, dir.path()).await.unwrap();
+    let helm = chart::helm().unwrap();
+    let chart_dir = integration::real::binaries::workspace_root().join("helm/gpuslice");
+    let all_features = chart_dir.join("ci/all-features-values.yaml");
+    for (release, values) in [("plain", None), ("full", Some(&all_features))] {
+        let namespace = format!("{release}-ns");
+        let mut sets = vec!["scheduler.admissionWebhook.url=https://127.0.0.1:9/webhook".to_owned()];
+        if values.is_some() {
+            // cert-manager and the Prometheus operator are not installed here, so
+            // their CRDs (Certificate, Issuer, ServiceMonitor) are unknown.
+            sets.push("scheduler.certManager.enabled=false".to_owned());
+            sets.push("metrics.serviceMonitor.enabled=false".to_owned());
+        }
+        let rendered = Release {
+            name: release.into(),
+            namespace: namespace.clone(),
+            sets: sets.clone(),
+            values_files: values.into_iter().cloned().collect(),
+        }
+        .render()
+        .unwrap();
+        chart::check_loopback(&rendered).unwrap();
+        let mut cmd = std::process::Command::new(&helm);
+        cmd.args(["install", release])
+            .arg(&chart_dir)
+            .args(["--namespace", &namespace, "--create-namespace", "--wait=false"])
+            .arg("--kubeconfig")
+            .arg(&plane.admin_kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        if let Some(v) = values {
+            cmd.arg("-f").arg(v);
+        }
+        for s in &sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "helm install {release}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // helm test's pod: accepted by the real validation and admission.
+        let tests = std::process::Command::new(&helm)
+            .args(["template", release])
+            .arg(&chart_dir)
+            .args(["--namespace", &namespace, "--show-only", "templates/tests/test-gpu-slice-pod.yaml"])
+            .args(sets.iter().flat_map(|s| ["--set", s.as_str()]))
+            .output()
+            .unwrap();
+        let docs = chart::parse_documents(&String::from_utf8_lossy(&tests.stdout)).unwrap();
+        let client = plane.admin_client().await.unwrap();
+        plane.wait_for_default_service_account(&namespace).await.unwrap();
+        for doc in docs.iter().filter(|d| d["kind"] == "Pod") {
+            let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
+            let dry = PostParams { dry_run: true, ..PostParams::default() };
+            Api::<Pod>::namespaced(client.clone(), &namespace)
+                .create(&dry, &pod)
+                .await
+                .unwrap_or_else(|e| panic!("helm test pod of {release}: {e}"));
+        }
+        let _ = Api::<Pod>::namespaced(client, &namespace)
+            .delete_collection(&DeleteParams::default(), &Default::default())
+            .await;
+    }
+}
