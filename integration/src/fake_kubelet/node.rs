@@ -106,6 +106,7 @@ impl NodeAgent {
             kubelet.admitter(),
             result_rx,
         ));
+        let heartbeat = tokio::spawn(renew_node_lease(client.clone(), config.node_name.clone()));
         let pods = tokio::spawn(watch_pods(
             client,
             config.node_name.clone(),
@@ -113,7 +114,7 @@ impl NodeAgent {
             results,
         ));
         Ok(Self {
-            tasks: vec![capacity, writer, pods],
+            tasks: vec![capacity, writer, heartbeat, pods],
         })
     }
 
@@ -128,6 +129,45 @@ impl NodeAgent {
 
 fn api_err(what: &'static str) -> impl FnOnce(kube::Error) -> NodeError {
     move |source| NodeError::Api { what, source }
+}
+
+/// Namespace of the nodes' heartbeat Leases.
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+/// kubelet's `nodeLeaseDurationSeconds` default.
+const NODE_LEASE_SECONDS: i32 = 40;
+/// kubelet renews its Lease at a quarter of its duration.
+const NODE_LEASE_RENEW: Duration = Duration::from_secs(10);
+
+/// kubelet's heartbeat: the node's Lease in `kube-node-lease`, renewed every
+/// 10 s. Without it the real kube-controller-manager's node lifecycle
+/// controller marks the node NotReady after its grace period (50 s) and
+/// taints it, and kube-scheduler stops placing pods there.
+async fn renew_node_lease(client: kube::Client, node: String) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client, NODE_LEASE_NAMESPACE);
+    let mut tick = tokio::time::interval(NODE_LEASE_RENEW);
+    loop {
+        tick.tick().await;
+        let renew = json!({"spec": {
+            "holderIdentity": node,
+            "leaseDurationSeconds": NODE_LEASE_SECONDS,
+            "renewTime": MicroTime(Timestamp::now()),
+        }});
+        let renewed = match leases.patch(&node, &PatchParams::default(), &Patch::Merge(&renew)).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                let mut lease = renew.clone();
+                lease["metadata"] = json!({"name": node, "namespace": NODE_LEASE_NAMESPACE});
+                match serde_json::from_value::<Lease>(lease) {
+                    Ok(lease) => leases.create(&PostParams::default(), &lease).await.map(drop),
+                    Err(e) => Err(kube::Error::SerdeError(e)),
+                }
+            }
+            other => other.map(drop),
+        };
+        if let Err(e) = renewed {
+            warn!(%node, error = %e, "renewing the node lease failed; retrying at the next beat");
+        }
+    }
 }
 
 /// Creates the Node if it does not exist, then marks it Ready with its

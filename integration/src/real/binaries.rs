@@ -108,11 +108,22 @@ impl Binaries {
     }
 
     /// The binaries for a test: found, or `None` after printing why the test
-    /// skips (CI builds them first, so there it never skips).
+    /// skips. CI builds them first and sets `GPUSLICE_REQUIRE_REAL_CONTROL_PLANE=1`,
+    /// which turns a skip into a failure.
+    ///
+    /// # Panics
+    /// They are missing and the variable is set.
     #[must_use]
     pub fn for_test(test: &str) -> Option<Self> {
         match Self::find() {
             Ok(b) => Some(b),
+            Err(missing) if std::env::var_os("GPUSLICE_REQUIRE_REAL_CONTROL_PLANE").is_some() => {
+                panic!(
+                    "{test}: GPUSLICE_REQUIRE_REAL_CONTROL_PLANE is set but {} missing in {}",
+                    missing.join(", "),
+                    dir().display()
+                )
+            }
             Err(missing) => {
                 eprintln!(
                     "SKIPPED {test}: the real control plane is not built ({} missing in {}); \

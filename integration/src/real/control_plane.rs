@@ -370,7 +370,15 @@ impl ControlPlane {
     pub fn start_scheduler(&mut self, config: &str, kubeconfig: &Path) -> Result<usize, String> {
         let i = self.schedulers.len();
         let config_path = self.dir.join(format!("kube-scheduler-{i}.yaml"));
-        std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
+        // With --config, kube-scheduler ignores --kubeconfig and reads
+        // clientConnection.kubeconfig; in a pod it is empty (in-cluster
+        // configuration, which must never be used here), so it is set to the
+        // ServiceAccount's kubeconfig: the same token the pod would mount.
+        let mut parsed: serde_json::Value =
+            serde_saphyr::from_str(config).map_err(|e| format!("kube-scheduler configuration: {e}"))?;
+        parsed["clientConnection"]["kubeconfig"] = kubeconfig.display().to_string().into();
+        let text = serde_json::to_string_pretty(&parsed).map_err(|e| e.to_string())?;
+        std::fs::write(&config_path, text).map_err(|e| e.to_string())?;
         let port = free_port().map_err(|e| e.to_string())?;
         let k = kubeconfig.display().to_string();
         let process = Process::spawn(
