@@ -409,9 +409,9 @@ struct Watching {
 }
 
 enum Change {
-    Pod(watcher::Event<Pod>),
-    Node(watcher::Event<Node>),
-    Event(watcher::Event<Event>),
+    Pod(Box<watcher::Event<Pod>>),
+    Node(Box<watcher::Event<Node>>),
+    Event(Box<watcher::Event<Event>>),
 }
 
 impl Watching {
@@ -422,27 +422,27 @@ impl Watching {
             config(),
         )
         .default_backoff()
-        .filter_map(|e| async move { e.ok().map(Change::Pod) })
+        .filter_map(|e| async move { e.ok().map(|e| Change::Pod(Box::new(e))) })
         .boxed();
         let nodes = watcher(Api::<Node>::all(client.clone()), config())
             .default_backoff()
-            .filter_map(|e| async move { e.ok().map(Change::Node) })
+            .filter_map(|e| async move { e.ok().map(|e| Change::Node(Box::new(e))) })
             .boxed();
         let events = watcher(
             Api::<Event>::namespaced(client.clone(), workload::NAMESPACE),
             config(),
         )
         .default_backoff()
-        .filter_map(|e| async move { e.ok().map(Change::Event) })
+        .filter_map(|e| async move { e.ok().map(|e| Change::Event(Box::new(e))) })
         .boxed();
         let (tx, state) = watch::channel(Settling::new());
         let task = tokio::spawn(async move {
             let mut changes = futures::stream::select_all([pods, nodes, events]);
             while let Some(change) = changes.next().await {
                 tx.send_modify(|s| match change {
-                    Change::Pod(e) => s.on_pod(e),
-                    Change::Node(e) => s.on_node(e),
-                    Change::Event(e) => s.on_event(e),
+                    Change::Pod(e) => s.on_pod(*e),
+                    Change::Node(e) => s.on_node(*e),
+                    Change::Event(e) => s.on_event(*e),
                 });
             }
         });

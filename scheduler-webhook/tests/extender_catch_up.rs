@@ -6,6 +6,8 @@
 //! Time here is tokio's paused clock where a wait is involved: nothing
 //! depends on how fast the machine is.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 
 use actix_web::{App, test};

@@ -380,6 +380,8 @@ mod tests {
         // The node registers its GPUs: the verdict is stale.
         s.on_node(watcher::Event::Apply(node(14, true)));
         assert!(matches!(s.state(&pod), PodState::InFlight(_)));
+        // The per-pod look the sandbox settled on before cannot tell.
+        assert!(crate::sandbox::settled(&pod));
         assert!(!s.settled(1));
 
         // kube-scheduler tries again and still finds no room: settled.
