@@ -1,22 +1,36 @@
 //! The sandbox: a whole GPU-sharing cluster on one machine, a workload
 //! submitted through the admission webhook, a wait until nothing is in
 //! flight, then a report per node and GPU checked by the independent
-//! checker.
+//! checker, and a verdict: is this the result the workload should give?
+//!
+//! ```text
+//!  start cluster ─▶ every node's GPUs in the API (register annotation)
+//!                ─▶ every node's GPUs in the scheduler-webhook's model (its /metrics)
+//!                ─▶ submit ─▶ settled: every pod Running/finished, or found
+//!                             unschedulable after the cluster's last change
+//!                             (see [`settle`])
+//!                ─▶ summary + checker ─▶ expected? (exit code of `sandbox`)
+//! ```
 
-use std::collections::BTreeMap;
+mod settle;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde::Serialize;
+use tokio::sync::watch;
 
+pub use self::settle::{PodState, Settling};
 use crate::checker::{self, Report};
 use crate::cluster::{Cluster, ClusterError, ClusterSpec};
-use crate::harness::{HarnessError, wait_for_list};
+use crate::harness::HarnessError;
 use crate::workload;
 
 /// Flags of `sandbox`.
@@ -24,7 +38,12 @@ use crate::workload;
 #[command(
     name = "sandbox",
     version,
-    about = "A whole gpuslice cluster on one machine: fake kube-apiserver, kube-scheduler and kubelets around the real scheduler-webhook and node-daemons with simulated GPUs"
+    about = "A whole gpuslice cluster on one machine: fake kube-apiserver, kube-scheduler and kubelets around the real scheduler-webhook and node-daemons with simulated GPUs",
+    after_help = "Before submitting, the sandbox waits until the scheduler-webhook's model has every node's GPUs. \
+A pod counts as settled when it runs or has finished, or when kube-scheduler found it unschedulable after the cluster's last change.\n\n\
+Exit status: 0 when the result is the expected one: the checker is clean, no pod failed or was rejected, \
+and with the demo workload every pod runs except too-big, which stays Pending. \
+1 otherwise (the reasons are printed on stderr), or when the cluster did not start or settle in time."
 )]
 pub struct Args {
     /// Number of GPU nodes.
@@ -126,9 +145,91 @@ pub struct Summary {
     pub nodes: Vec<NodeSummary>,
     /// Pods not running, with reasons.
     pub not_running: Vec<Unplaced>,
+    /// Why the result is not the expected one (empty: it is).
+    pub problems: Vec<String>,
     /// The checker's findings.
     #[serde(skip)]
     pub report: Report,
+}
+
+impl Summary {
+    /// Whether the result is the one the workload should give.
+    #[must_use]
+    pub fn as_expected(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// What a workload should end as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expectation {
+    /// Pods that must stay Pending (unschedulable); every other pod must
+    /// run. `None`: pods may stay Pending when the cluster is full, but
+    /// none may fail.
+    pub pending: Option<BTreeSet<String>>,
+}
+
+impl Expectation {
+    /// The expectation for `--workload`.
+    #[must_use]
+    pub fn of(args: &Args) -> Self {
+        let pending = (args.workload == "demo").then(|| {
+            workload::demo(args.gpu_memory)
+                .into_iter()
+                .filter(|d| d.expect_unschedulable)
+                .filter_map(|d| d.pod.metadata.name)
+                .collect()
+        });
+        Self { pending }
+    }
+
+    /// Why `summary` is not what was expected (empty: it is).
+    #[must_use]
+    pub fn problems(&self, summary: &Summary) -> Vec<String> {
+        let mut problems = Vec::new();
+        if summary.overcommitted_gpus > 0 {
+            problems.push(format!(
+                "the checker found {} over-committed GPU(s)",
+                summary.overcommitted_gpus
+            ));
+        }
+        if summary.mismatched_containers > 0 {
+            problems.push(format!(
+                "the checker found {} container(s) whose limits differ from their annotation",
+                summary.mismatched_containers
+            ));
+        }
+        if summary.unfinished_pods > 0 {
+            problems.push(format!(
+                "the checker found {} bound pod(s) with an unfinished allocation",
+                summary.unfinished_pods
+            ));
+        }
+        for p in &summary.not_running {
+            let expected_pending = self
+                .pending
+                .as_ref()
+                .is_none_or(|names| names.contains(&p.pod));
+            let fine = p.phase == "Pending" && expected_pending;
+            if !fine {
+                problems.push(format!("{} is {}: {}", p.pod, p.phase, p.reason));
+            }
+        }
+        if let Some(names) = &self.pending {
+            for name in names {
+                if !summary
+                    .not_running
+                    .iter()
+                    .any(|p| &p.pod == name && p.phase == "Pending")
+                {
+                    problems.push(format!(
+                        "{name} should stay Pending (it fits no GPU) but did not"
+                    ));
+                }
+            }
+        }
+        problems
+    }
 }
 
 /// Why the sandbox could not finish.
@@ -151,8 +252,9 @@ pub enum SandboxError {
     Kube(#[from] kube::Error),
 }
 
-/// Whether a pod is no longer in flight: running, finished, or pending with
-/// the scheduler's reason.
+/// Whether a pod looks no longer in flight: running, finished, or pending
+/// with the scheduler's reason. A quick look at one pod: it cannot tell
+/// whether that reason is still true (the sandbox asks [`Settling`]).
 #[must_use]
 pub fn settled(pod: &Pod) -> bool {
     let status = pod.status.as_ref();
@@ -205,8 +307,10 @@ fn pods_of(args: &Args) -> Result<Vec<Pod>, SandboxError> {
     }
 }
 
-/// Runs the sandbox: starts the cluster, submits, waits, reports. With
-/// `keep_running` the cluster is returned for the caller to keep alive.
+/// Runs the sandbox: starts the cluster, waits until the scheduler knows
+/// every node's GPUs, submits, waits until every pod has settled, reports
+/// and judges the result ([`Summary::problems`]). The cluster is returned
+/// for the caller to keep alive or shut down.
 ///
 /// # Errors
 /// A [`SandboxError`] saying what failed.
@@ -233,12 +337,33 @@ pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
         ..ClusterSpec::default()
     })
     .await?;
+    match submit_and_settle(args, &cluster, &pods).await {
+        Ok(summary) => Ok((summary, cluster)),
+        Err(e) => {
+            cluster.shutdown().await;
+            Err(e)
+        }
+    }
+}
+
+async fn submit_and_settle(
+    args: &Args,
+    cluster: &Cluster,
+    pods: &[Pod],
+) -> Result<Summary, SandboxError> {
     let client = cluster.client().await?;
     cluster.wait_until_ready().await?;
+    let deadline = Duration::from_secs(args.timeout);
+    // Watching starts before the first create: every change after it is seen.
+    let watching = Watching::start(&client);
+    watching
+        .wait("the sandbox's watches to list", deadline, Settling::synced)
+        .await?;
+    wait_for_model_gpus(cluster, &watching, deadline).await?;
 
     let started = Instant::now();
     let mut rejected = Vec::new();
-    for pod in &pods {
+    for pod in pods {
         if let Err(e) = cluster.create_pod(pod).await {
             rejected.push(Unplaced {
                 pod: pod.metadata.name.clone().unwrap_or_default(),
@@ -249,26 +374,22 @@ pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
     }
     let submitted = pods.len() - rejected.len();
     let progress = args.format == "table";
-    let settled_pods = wait_for_list(
-        Api::<Pod>::namespaced(client.clone(), workload::NAMESPACE),
-        watcher::Config::default(),
-        "pods to settle",
-        Duration::from_secs(args.timeout),
-        |pods| {
-            let done = pods.iter().filter(|p| settled(p)).count();
+    let settled_pods = watching
+        .wait("pods to settle", deadline, |s| {
             if progress {
-                let running = pods.iter().filter(|p| phase(p) == "Running").count();
+                let (_, done, running) = s.progress();
                 eprint!("\r  settling: {done}/{submitted} pods settled, {running} running   ");
                 let _ = std::io::stderr().flush();
             }
-            pods.len() >= submitted && done == pods.len()
-        },
-    )
-    .await?;
+            s.settled(submitted)
+        })
+        .await?
+        .pods();
     let seconds_to_settle = started.elapsed().as_secs_f64();
     if progress {
         eprintln!();
     }
+    drop(watching);
     let nodes = Api::<Node>::all(client)
         .list(&ListParams::default())
         .await?
@@ -276,7 +397,163 @@ pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
     let mut summary = summarize(&settled_pods, &nodes, seconds_to_settle);
     summary.pods_rejected = rejected.len();
     summary.not_running.extend(rejected);
-    Ok((summary, cluster))
+    summary.problems = Expectation::of(args).problems(&summary);
+    Ok(summary)
+}
+
+/// The three watches the sandbox settles on (the workload's pods and
+/// events, all nodes), fed into one [`Settling`] by a background task.
+struct Watching {
+    state: watch::Receiver<Settling>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+enum Change {
+    Pod(Box<watcher::Event<Pod>>),
+    Node(Box<watcher::Event<Node>>),
+    Event(Box<watcher::Event<Event>>),
+}
+
+impl Watching {
+    fn start(client: &kube::Client) -> Self {
+        let config = watcher::Config::default;
+        let pods = watcher(
+            Api::<Pod>::namespaced(client.clone(), workload::NAMESPACE),
+            config(),
+        )
+        .default_backoff()
+        .filter_map(|e| async move { e.ok().map(|e| Change::Pod(Box::new(e))) })
+        .boxed();
+        let nodes = watcher(Api::<Node>::all(client.clone()), config())
+            .default_backoff()
+            .filter_map(|e| async move { e.ok().map(|e| Change::Node(Box::new(e))) })
+            .boxed();
+        let events = watcher(
+            Api::<Event>::namespaced(client.clone(), workload::NAMESPACE),
+            config(),
+        )
+        .default_backoff()
+        .filter_map(|e| async move { e.ok().map(|e| Change::Event(Box::new(e))) })
+        .boxed();
+        let (tx, state) = watch::channel(Settling::new());
+        let task = tokio::spawn(async move {
+            let mut changes = futures::stream::select_all([pods, nodes, events]);
+            while let Some(change) = changes.next().await {
+                tx.send_modify(|s| match change {
+                    Change::Pod(e) => s.on_pod(*e),
+                    Change::Node(e) => s.on_node(*e),
+                    Change::Event(e) => s.on_event(*e),
+                });
+            }
+        });
+        Self { state, task }
+    }
+
+    /// Waits until `condition` holds, re-checked on every change.
+    async fn wait(
+        &self,
+        what: &str,
+        deadline: Duration,
+        condition: impl Fn(&Settling) -> bool,
+    ) -> Result<watch::Ref<'_, Settling>, HarnessError> {
+        let mut state = self.state.clone();
+        match tokio::time::timeout(deadline, state.wait_for(|s| condition(s))).await {
+            Ok(Ok(_)) => Ok(self.state.borrow()),
+            Ok(Err(_)) => Err(HarnessError::WatchEnded(what.to_owned())),
+            Err(_) => {
+                let s = self.state.borrow();
+                let last = s
+                    .unsettled()
+                    .iter()
+                    .map(|(pod, why)| format!("{pod}: {why}"))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                Err(HarnessError::Timeout {
+                    what: what.to_owned(),
+                    deadline,
+                    last: if last.is_empty() {
+                        format!("{} pod(s), none in flight", s.pods().len())
+                    } else {
+                        last
+                    },
+                })
+            }
+        }
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Each node's GPU UUIDs as the scheduler-webhook's model has them, read
+/// from its `/metrics` (`hami_gpu_memory_limit_bytes{node, device_uuid}`,
+/// one sample per GPU the model holds).
+#[must_use]
+pub fn model_gpus(metrics: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let label = |line: &str, name: &str| {
+        let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+        let len = line[start..].find('"')?;
+        Some(line[start..start + len].to_owned())
+    };
+    let mut gpus: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("hami_gpu_memory_limit_bytes{"))
+    {
+        if let (Some(node), Some(uuid)) = (label(line, "node"), label(line, "device_uuid")) {
+            gpus.entry(node).or_default().insert(uuid);
+        }
+    }
+    gpus
+}
+
+/// Waits until the scheduler-webhook's model holds every GPU each node
+/// registered: a pod filtered earlier would be refused for lack of GPUs
+/// that exist. The model is read through `/metrics`, the one window the
+/// sandbox has on it; it is read again after each node change and,
+/// between those, at a short growing interval, since the model catching
+/// up raises no event the sandbox can watch.
+async fn wait_for_model_gpus(
+    cluster: &Cluster,
+    watching: &Watching,
+    deadline: Duration,
+) -> Result<(), SandboxError> {
+    let mut nodes = watching.state.clone();
+    let mut interval = Duration::from_millis(5);
+    let waiting = async {
+        loop {
+            let want = nodes.borrow_and_update().registered_gpus();
+            let have = model_gpus(&cluster.metrics().await?);
+            let missing: Vec<String> = want
+                .iter()
+                .filter(|(node, uuids)| {
+                    let known = have.get(*node);
+                    uuids.iter().any(|u| known.is_none_or(|k| !k.contains(u)))
+                })
+                .map(|(node, _)| node.clone())
+                .collect();
+            if want.len() >= cluster.spec.nodes && missing.is_empty() {
+                return Ok::<(), ClusterError>(());
+            }
+            let _ = tokio::time::timeout(interval, nodes.changed()).await;
+            interval = (interval * 2).min(Duration::from_millis(200));
+        }
+    };
+    match tokio::time::timeout(deadline, waiting).await {
+        Ok(result) => Ok(result?),
+        Err(_) => {
+            let have = model_gpus(&cluster.metrics().await.unwrap_or_default());
+            let want = watching.state.borrow().registered_gpus();
+            Err(SandboxError::Wait(HarnessError::Timeout {
+                what: "the scheduler-webhook's model to hold every node's GPUs".to_owned(),
+                deadline,
+                last: format!("the API lists {want:?}; the model has {have:?}"),
+            }))
+        }
+    }
 }
 
 /// Builds the summary from what the API server shows.
@@ -390,6 +667,7 @@ pub fn summarize(pods: &[Pod], nodes: &[Node], seconds_to_settle: f64) -> Summar
         seconds_to_settle,
         nodes: node_summaries,
         not_running,
+        problems: Vec::new(),
         report,
     }
 }
@@ -459,6 +737,14 @@ pub fn table(summary: &Summary) -> String {
         .chain(&summary.report.unfinished)
     {
         let _ = writeln!(out, "  PROBLEM {} {}: {}", m.pod, m.container, m.why);
+    }
+    if summary.as_expected() {
+        let _ = writeln!(out, "result: as expected");
+    } else {
+        let _ = writeln!(out, "result: NOT as expected");
+        for p in &summary.problems {
+            let _ = writeln!(out, "  {p}");
+        }
     }
     out
 }

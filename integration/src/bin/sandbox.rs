@@ -47,9 +47,13 @@ async fn main() -> ExitCode {
         let _ = tokio::signal::ctrl_c().await;
     }
     cluster.shutdown().await;
-    if summary.report.is_clean() {
+    if summary.as_expected() {
         ExitCode::SUCCESS
     } else {
+        eprintln!("sandbox: the result is not the expected one:");
+        for problem in &summary.problems {
+            eprintln!("  {problem}");
+        }
         ExitCode::FAILURE
     }
 }

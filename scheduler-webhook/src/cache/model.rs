@@ -473,6 +473,15 @@ impl ClusterModel {
         out
     }
 
+    /// The candidates the model has no GPUs for: never seen by the watch,
+    /// or seen without a usable `hami.io/node-nvidia-register` (none yet,
+    /// or the handshake marked the node unhealthy).
+    pub fn unregistered<'a>(&self, candidates: &'a [String]) -> impl Iterator<Item = &'a String> {
+        candidates
+            .iter()
+            .filter(|n| self.registers.get(n.as_str()).is_none_or(String::is_empty))
+    }
+
     /// Nodes known (for reconciling after a relist).
     pub fn node_names(&self) -> impl Iterator<Item = &str> {
         self.registers.keys().map(String::as_str)

@@ -3,15 +3,31 @@
 //! single writer and needs no lock.
 //!
 //! [`ModelHandle`] is the cheap, cloneable address of that task.
+//!
+//! A filter that names nodes the model has no GPUs for yet (the watch has
+//! not delivered them, or not their register annotation) waits, bounded by
+//! [`UNREGISTERED_WAIT`], for the next node change and filters again, as
+//! HAMi's filter polls its cache for up to 100 ms. The wait is awaited on a
+//! node-change signal the owner publishes, and runs in the caller's task:
+//! the owner never blocks. A node waited for in vain is not waited for
+//! again until it registers, so a node without GPUs costs one wait, not one
+//! per filter.
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::model::{ClusterModel, Decided, FilterOutcome, GpuSnapshot, SliceSnapshot};
 use crate::core::quota::QuotaStatus;
+
+/// How long a filter waits for nodes it names to be registered in the
+/// model (HAMi's filter polls its node cache for up to 100 ms).
+pub const UNREGISTERED_WAIT: Duration = Duration::from_millis(100);
 
 /// The kinds the model is fed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,12 +69,19 @@ pub enum Command {
         /// The pod.
         pod: Box<Pod>,
         /// Candidate nodes.
-        candidates: std::sync::Arc<[String]>,
+        candidates: Arc<[String]>,
         /// Keep the reservation (false for a dry run).
         keep: bool,
+        /// Answer [`Filtered::Unregistered`] instead of a refusal when
+        /// candidates have no GPUs in the model yet (and were not waited
+        /// for in vain before).
+        patient: bool,
         /// Where the answer goes.
-        reply: oneshot::Sender<FilterOutcome>,
+        reply: oneshot::Sender<Filtered>,
     },
+    /// These nodes were waited for in vain: later filters do not wait for
+    /// them until they register.
+    GiveUp(Vec<String>),
     /// Read the decision waiting for a pod's bind.
     Decision {
         /// Pod UID.
@@ -89,6 +112,22 @@ pub enum Command {
     Release(String),
 }
 
+/// The owner's answer to a [`Command::Filter`].
+#[derive(Debug)]
+pub enum Filtered {
+    /// The decision.
+    Decided(FilterOutcome),
+    /// No node fits, and these candidates have no GPUs in the model yet:
+    /// the pod is handed back to be filtered again after the next node
+    /// change.
+    Unregistered {
+        /// The pod, to filter again.
+        pod: Box<Pod>,
+        /// The candidates without GPUs in the model.
+        nodes: Vec<String>,
+    },
+}
+
 /// Why the model could not answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the scheduling model is shutting down")]
@@ -99,6 +138,10 @@ pub struct ModelGone;
 pub struct ModelHandle {
     tx: mpsc::Sender<Command>,
     ready: watch::Receiver<bool>,
+    /// Bumped by the owner after every node change it applied.
+    nodes: watch::Receiver<u64>,
+    /// How long a filter waits for unregistered candidates.
+    patience: Duration,
 }
 
 impl ModelHandle {
@@ -110,25 +153,59 @@ impl ModelHandle {
         self.tx.send(command).await.map_err(|_| ModelGone)
     }
 
-    /// Filters a pod (see [`ClusterModel::filter`]).
+    /// The same handle with filters waiting up to `patience` (instead of
+    /// [`UNREGISTERED_WAIT`]) for unregistered candidates.
+    #[must_use]
+    pub fn with_patience(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self
+    }
+
+    /// Filters a pod (see [`ClusterModel::filter`]). When no node fits and
+    /// some candidates have no GPUs in the model yet, waits for the next
+    /// node change and filters again, until they are registered or the
+    /// handle's patience ([`UNREGISTERED_WAIT`]) runs out.
     ///
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn filter(
         &self,
         pod: Pod,
-        candidates: std::sync::Arc<[String]>,
+        candidates: Arc<[String]>,
         keep: bool,
     ) -> Result<FilterOutcome, ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Filter {
-            pod: Box::new(pod),
-            candidates,
-            keep,
-            reply,
-        })
-        .await?;
-        rx.await.map_err(|_| ModelGone)
+        let deadline = Instant::now() + self.patience;
+        // Subscribed before the first filter: a change the owner applies
+        // after that filter is never missed.
+        let mut changes = self.nodes.clone();
+        changes.borrow_and_update();
+        let mut pod = Box::new(pod);
+        let mut patient = true;
+        loop {
+            let (reply, rx) = oneshot::channel();
+            self.send(Command::Filter {
+                pod,
+                candidates: Arc::clone(&candidates),
+                keep,
+                patient,
+                reply,
+            })
+            .await?;
+            let (back, missing) = match rx.await.map_err(|_| ModelGone)? {
+                Filtered::Decided(outcome) => return Ok(outcome),
+                Filtered::Unregistered { pod, nodes } => (pod, nodes),
+            };
+            pod = back;
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(ModelGone),
+                Err(_) => {
+                    debug!(nodes = ?missing, "nodes still unregistered after the wait; not waiting for them again");
+                    self.send(Command::GiveUp(missing)).await?;
+                    patient = false;
+                }
+            }
+        }
     }
 
     /// The decision waiting for a pod's bind.
@@ -204,8 +281,14 @@ impl ModelHandle {
 pub fn spawn(model: ClusterModel) -> ModelHandle {
     let (tx, rx) = mpsc::channel(1024);
     let (ready_tx, ready) = watch::channel(false);
-    tokio::spawn(run(model, rx, ready_tx));
-    ModelHandle { tx, ready }
+    let (nodes_tx, nodes) = watch::channel(0);
+    tokio::spawn(run(model, rx, ready_tx, nodes_tx));
+    ModelHandle {
+        tx,
+        ready,
+        nodes,
+        patience: UNREGISTERED_WAIT,
+    }
 }
 
 #[derive(Default)]
@@ -218,9 +301,20 @@ struct Relist {
     quotas_listed: bool,
 }
 
-async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: watch::Sender<bool>) {
+async fn run(
+    mut model: ClusterModel,
+    mut rx: mpsc::Receiver<Command>,
+    ready: watch::Sender<bool>,
+    nodes_changed: watch::Sender<u64>,
+) {
     let mut relist = Relist::default();
+    // Nodes a filter waited for in vain (see the module doc).
+    let mut given_up: HashSet<String> = HashSet::new();
     while let Some(command) = rx.recv().await {
+        let node_change = matches!(
+            command,
+            Command::ApplyNode(_) | Command::DeleteNode(_) | Command::RelistDone(Kind::Nodes)
+        );
         match command {
             Command::ApplyNode(node) => {
                 if let (Some(seen), Some(name)) =
@@ -231,8 +325,19 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 if let Err(error) = model.apply_node(&node) {
                     warn!(node = ?node.metadata.name, %error, "node register annotation does not decode; keeping its previous GPUs");
                 }
+                if let Some(name) = node.metadata.name.as_ref()
+                    && model
+                        .unregistered(std::slice::from_ref(name))
+                        .next()
+                        .is_none()
+                {
+                    given_up.remove(name);
+                }
             }
-            Command::DeleteNode(name) => model.delete_node(&name),
+            Command::DeleteNode(name) => {
+                given_up.remove(&name);
+                model.delete_node(&name);
+            }
             Command::ApplyPod(pod) => {
                 if let (Some(seen), Some(uid)) = (relist.pods.as_mut(), pod.metadata.uid.as_ref()) {
                     seen.insert(uid.clone());
@@ -310,14 +415,35 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
                 pod,
                 candidates,
                 keep,
+                patient,
                 reply,
             } => {
                 let outcome = model.filter(&pod, &candidates);
                 if !keep && let Some(uid) = pod.metadata.uid.as_deref() {
                     model.release(uid);
                 }
-                let _ = reply.send(outcome);
+                // Only a refusal waits: the names are looked up only then,
+                // and a pod that fits among the registered nodes is placed.
+                let missing: Vec<String> =
+                    if patient && matches!(outcome, FilterOutcome::NoFit { .. }) {
+                        model
+                            .unregistered(&candidates)
+                            .filter(|n| !given_up.contains(n.as_str()))
+                            .cloned()
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                let _ = reply.send(if missing.is_empty() {
+                    Filtered::Decided(outcome)
+                } else {
+                    Filtered::Unregistered {
+                        pod,
+                        nodes: missing,
+                    }
+                });
             }
+            Command::GiveUp(nodes) => given_up.extend(nodes),
             Command::Decision { uid, reply } => {
                 let _ = reply.send(model.decision(&uid).cloned());
             }
@@ -338,6 +464,9 @@ async fn run(mut model: ClusterModel, mut rx: mpsc::Receiver<Command>, ready: wa
             Command::Release(uid) => {
                 model.release(&uid);
             }
+        }
+        if node_change {
+            nodes_changed.send_modify(|v| *v = v.wrapping_add(1));
         }
         if relist.nodes_listed && relist.pods_listed && relist.quotas_listed && !*ready.borrow() {
             let _ = ready.send(true);

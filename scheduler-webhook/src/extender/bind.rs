@@ -25,6 +25,10 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(20);
 /// Why a bind failed (reported to kube-scheduler in `Error`).
 #[derive(Debug, thiserror::Error)]
 pub enum BindFailure {
+    /// The model has not listed nodes, pods and resourcequotas since the
+    /// start; kube-scheduler retries the pod.
+    #[error("{}", crate::extender::handler::NOT_SYNCED)]
+    NotSynced,
     /// No filter decision for this pod (never filtered here, or already released).
     #[error("pod {0} has no filter decision from this scheduler; it will be filtered again")]
     NoDecision(String),
@@ -82,6 +86,11 @@ pub async fn bind(
     model: &ModelHandle,
     args: &ExtenderBindingArgs,
 ) -> Result<(), BindFailure> {
+    // Before the first list the model may know a node but not the pods on
+    // it; nothing here may act on that picture.
+    if !model.is_ready() {
+        return Err(BindFailure::NotSynced);
+    }
     let decided = model.decision(&args.pod_uid).await?.ok_or_else(|| {
         BindFailure::NoDecision(format!("{}/{}", args.pod_namespace, args.pod_name))
     })?;

@@ -17,6 +17,13 @@ use crate::cache::owner::ModelHandle;
 use crate::events::{EventSink, PodEvent};
 use crate::metrics::Metrics;
 
+/// The `Error` of a filter or bind that arrives before the model has
+/// listed nodes, pods and resourcequotas once (kube-scheduler calls the
+/// extender on 127.0.0.1, where `/readyz` protects nothing; it retries a
+/// pod whose extender answered `Error` after its backoff).
+pub const NOT_SYNCED: &str =
+    "scheduler-webhook has not synced nodes, pods and resourcequotas yet; retry later";
+
 /// Largest request body accepted (1 MiB, as HAMi).
 pub const BODY_LIMIT: usize = 1 << 20;
 
@@ -61,6 +68,15 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
         }
     };
     let started = Instant::now();
+    if !state.model.is_ready() {
+        // Before the first list a node may look empty while pods hold its
+        // GPUs: any placement would be a guess.
+        Metrics::count(&state.metrics.filter_results, "not_synced");
+        return HttpResponse::Ok().json(ExtenderFilterResult {
+            error: NOT_SYNCED.to_owned(),
+            ..ExtenderFilterResult::default()
+        });
+    }
     let pod_name = args.pod.metadata.name.clone().unwrap_or_default();
     let namespace = args.pod.metadata.namespace.clone().unwrap_or_default();
     let uid = args.pod.metadata.uid.clone().unwrap_or_default();

@@ -1,0 +1,275 @@
+//! The extender never answers from a model that has not caught up: before
+//! the first list of nodes, pods and resourcequotas `/filter` and `/bind`
+//! answer `Error` (kube-scheduler retries), and a filter naming nodes the
+//! model has no GPUs for yet waits, bounded, for the watch to deliver them.
+//!
+//! Time here is tokio's paused clock where a wait is involved: nothing
+//! depends on how fast the machine is.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use actix_web::{App, test};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use proto::hami::keys;
+use proto::hami::register::{self, NodeDevice};
+use scheduler_webhook::cache::model::{ClusterModel, FilterOutcome, ModelConfig};
+use scheduler_webhook::cache::owner::{self, Command, Kind, ModelHandle, UNREGISTERED_WAIT};
+use scheduler_webhook::core::policy::SchedulerConfig;
+use scheduler_webhook::core::request::RequestConfig;
+use scheduler_webhook::events::EventSink;
+use scheduler_webhook::extender::handler::{ExtenderState, NOT_SYNCED, configure};
+use scheduler_webhook::metrics::Metrics;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+fn model() -> ModelHandle {
+    owner::spawn(ClusterModel::new(ModelConfig {
+        scheduler: SchedulerConfig::default(),
+        requests: RequestConfig::default(),
+        seed: 1,
+    }))
+}
+
+/// A node as the node-daemon publishes it: `gpus` GPUs of 16 GiB, or no
+/// register annotation at all when `gpus` is 0 (the daemon has not
+/// registered yet).
+fn node(name: &str, gpus: u32) -> Node {
+    let devices: Vec<NodeDevice> = (0..gpus)
+        .map(|i| NodeDevice {
+            id: format!("GPU-{name}-{i}"),
+            index: i,
+            count: 10,
+            devmem: 16384,
+            devcore: 100,
+            device_type: "NVIDIA-Tesla T4".into(),
+            numa: 0,
+            mode: "hami-core".into(),
+            health: true,
+        })
+        .collect();
+    let annotations = if gpus == 0 {
+        json!({})
+    } else {
+        json!({keys::NODE_NVIDIA_REGISTER: register::encode_json(&devices).unwrap()})
+    };
+    serde_json::from_value(json!({"metadata": {"name": name, "annotations": annotations}})).unwrap()
+}
+
+fn slice_pod(uid: &str) -> Pod {
+    serde_json::from_value(slice_pod_json(uid)).unwrap()
+}
+
+fn slice_pod_json(uid: &str) -> Value {
+    json!({
+        "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {
+            "nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000", "nvidia.com/gpucores": "10"}}}]}
+    })
+}
+
+fn candidates(names: &[&str]) -> Arc<[String]> {
+    names.iter().map(|n| (*n).to_owned()).collect()
+}
+
+async fn apply(handle: &ModelHandle, node: Node) {
+    handle
+        .send(Command::ApplyNode(Box::new(node)))
+        .await
+        .unwrap();
+}
+
+/// Every command sent before this one has been applied by the owner.
+async fn round_trip(handle: &ModelHandle) {
+    handle.quotas().await.unwrap();
+}
+
+fn placed_on(outcome: &FilterOutcome) -> Option<&str> {
+    match outcome {
+        FilterOutcome::Placed { node, .. } => Some(node),
+        _ => None,
+    }
+}
+
+// === the sync gate ===
+
+/// An API client for a server that does not exist: the sync gate must
+/// answer before any API call.
+fn offline_client() -> kube::Client {
+    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    kube::Client::try_from(config).unwrap()
+}
+
+fn state(model: ModelHandle) -> ExtenderState {
+    ExtenderState {
+        model,
+        client: offline_client(),
+        metrics: Arc::new(Metrics::new()),
+        events: EventSink::disabled(),
+    }
+}
+
+async fn mark_listed(handle: &ModelHandle, kinds: &[Kind]) {
+    for kind in kinds {
+        handle.send(Command::RelistStarted(*kind)).await.unwrap();
+        handle.send(Command::RelistDone(*kind)).await.unwrap();
+    }
+    round_trip(handle).await;
+}
+
+#[actix_web::test]
+async fn filter_answers_error_until_nodes_pods_and_quotas_are_listed() {
+    let handle = model();
+    // The node is known with free GPUs, but the pods holding them are not
+    // listed yet: placing a slice now would be a guess.
+    handle
+        .send(Command::RelistStarted(Kind::Nodes))
+        .await
+        .unwrap();
+    apply(&handle, node("n1", 1)).await;
+    handle.send(Command::RelistDone(Kind::Nodes)).await.unwrap();
+    mark_listed(&handle, &[Kind::Quotas]).await;
+    let app =
+        test::init_service(App::new().configure(|c| configure(c, state(handle.clone())))).await;
+    let args = json!({"Pod": slice_pod_json("a"), "NodeNames": ["n1"]});
+    let request = || {
+        test::TestRequest::post()
+            .uri("/filter")
+            .set_json(&args)
+            .to_request()
+    };
+    let before: Value = test::call_and_read_body_json(&app, request()).await;
+    assert_eq!(before["Error"], NOT_SYNCED, "{before}");
+    assert!(
+        before["NodeNames"].is_null() || before["NodeNames"] == json!([]),
+        "no node may be offered: {before}"
+    );
+
+    mark_listed(&handle, &[Kind::Pods]).await;
+    assert!(handle.is_ready());
+    let after: Value = test::call_and_read_body_json(&app, request()).await;
+    assert_eq!(after["NodeNames"], json!(["n1"]), "{after}");
+    assert!(after["Error"].is_null() || after["Error"] == "", "{after}");
+}
+
+#[actix_web::test]
+async fn bind_answers_error_until_nodes_pods_and_quotas_are_listed() {
+    let handle = model();
+    mark_listed(&handle, &[Kind::Nodes, Kind::Pods]).await;
+    let app = test::init_service(App::new().configure(|c| configure(c, state(handle)))).await;
+    let args = json!({"PodName": "a", "PodNamespace": "ns", "PodUID": "a", "Node": "n1"});
+    let request = test::TestRequest::post()
+        .uri("/bind")
+        .set_json(&args)
+        .to_request();
+    let answer: Value = test::call_and_read_body_json(&app, request).await;
+    assert_eq!(answer["Error"], NOT_SYNCED, "{answer}");
+}
+
+// === the bounded wait for unregistered nodes ===
+
+#[tokio::test(start_paused = true)]
+async fn a_filter_waits_for_the_register_annotation_of_a_known_node() {
+    let handle = model();
+    // The watch delivered the node before the node-daemon registered its GPUs.
+    apply(&handle, node("n1", 0)).await;
+    let filter = tokio::spawn({
+        let handle = handle.clone();
+        async move {
+            handle
+                .filter(slice_pod("a"), candidates(&["n1"]), true)
+                .await
+        }
+    });
+    round_trip(&handle).await;
+    round_trip(&handle).await;
+    assert!(
+        !filter.is_finished(),
+        "the filter answered before the node's GPUs arrived: {:?}",
+        filter.await
+    );
+    apply(&handle, node("n1", 1)).await;
+    let outcome = filter.await.unwrap().unwrap();
+    assert_eq!(placed_on(&outcome), Some("n1"), "{outcome:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_filter_waits_for_a_node_the_watch_has_not_delivered() {
+    let handle = model();
+    let filter = tokio::spawn({
+        let handle = handle.clone();
+        async move {
+            handle
+                .filter(slice_pod("a"), candidates(&["n1"]), true)
+                .await
+        }
+    });
+    round_trip(&handle).await;
+    round_trip(&handle).await;
+    assert!(
+        !filter.is_finished(),
+        "the filter answered \"node unregistered\" for a node kube-scheduler knows: {:?}",
+        filter.await
+    );
+    apply(&handle, node("n1", 1)).await;
+    let outcome = filter.await.unwrap().unwrap();
+    assert_eq!(placed_on(&outcome), Some("n1"), "{outcome:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_that_never_registers_is_waited_for_once_and_for_a_bounded_time() {
+    let handle = model();
+    // A node without GPUs (no device plugin), next to a full GPU node.
+    apply(&handle, node("cpu-only", 0)).await;
+    apply(&handle, node("n1", 1)).await;
+    let both = candidates(&["cpu-only", "n1"]);
+    let mut big = slice_pod("big");
+    big.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .limits
+        .as_mut()
+        .unwrap()
+        .insert(
+            "nvidia.com/gpumem".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("99999".into()),
+        );
+
+    // Paused clock: `elapsed` is virtual time the runtime advanced to fire
+    // the wait's deadline, not wall-clock time.
+    let start = Instant::now();
+    let first = handle
+        .filter(big.clone(), Arc::clone(&both), true)
+        .await
+        .unwrap();
+    assert!(matches!(first, FilterOutcome::NoFit { .. }), "{first:?}");
+    assert_eq!(start.elapsed(), UNREGISTERED_WAIT, "waited once, bounded");
+
+    let again = Instant::now();
+    let second = handle.filter(big, both, true).await.unwrap();
+    assert!(matches!(second, FilterOutcome::NoFit { .. }), "{second:?}");
+    assert_eq!(again.elapsed(), std::time::Duration::ZERO, "not twice");
+
+    // It registers later: it is a candidate like any other again.
+    apply(&handle, node("cpu-only", 1)).await;
+    let outcome = handle
+        .filter(slice_pod("small"), candidates(&["cpu-only"]), true)
+        .await
+        .unwrap();
+    assert_eq!(placed_on(&outcome), Some("cpu-only"), "{outcome:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_that_fits_a_registered_node_is_placed_without_waiting() {
+    let handle = model();
+    apply(&handle, node("n1", 1)).await;
+    let start = Instant::now();
+    let outcome = handle
+        .filter(slice_pod("a"), candidates(&["not-yet", "n1"]), true)
+        .await
+        .unwrap();
+    assert_eq!(placed_on(&outcome), Some("n1"), "{outcome:?}");
+    assert_eq!(start.elapsed(), std::time::Duration::ZERO);
+}
