@@ -432,8 +432,12 @@ async fn start_nodes(
         let agent = NodeAgent::start(&kubelet, client.clone(), node_config(spec, &name))
             .await
             .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
-        let (daemon, health) =
-            start_node_daemon(spec, daemon_kubeconfig, &name, &node_dir.join("device-plugins"))?;
+        let (daemon, health) = start_node_daemon(
+            spec,
+            daemon_kubeconfig,
+            &name,
+            &node_dir.join("device-plugins"),
+        )?;
         nodes.push(NodeHandle {
             name,
             dir: node_dir,
@@ -534,10 +538,19 @@ impl Cluster {
         drop(listener);
         let mut sets = vec![
             format!("schedulerName={SCHEDULER_NAME}"),
-            format!("scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy={}", spec.node_policy),
-            format!("scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy={}", spec.gpu_policy),
+            format!(
+                "scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy={}",
+                spec.node_policy
+            ),
+            format!(
+                "scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy={}",
+                spec.gpu_policy
+            ),
         ];
-        sets.push(format!("devicePlugin.deviceSplitCount={}", spec.split_count));
+        sets.push(format!(
+            "devicePlugin.deviceSplitCount={}",
+            spec.split_count
+        ));
         let installed = install::install(&plane, webhook_addr.port(), &sets, dir.path())
             .await
             .map_err(|e| start_err("chart", e))?;
@@ -557,7 +570,13 @@ impl Cluster {
         plane
             .start_scheduler(&installed.scheduler_config, &installed.scheduler_kubeconfig)
             .map_err(|e| start_err("kube-scheduler", e))?;
-        let nodes = start_nodes(&spec, &client, &installed.node_daemon_kubeconfig, dir.path()).await?;
+        let nodes = start_nodes(
+            &spec,
+            &client,
+            &installed.node_daemon_kubeconfig,
+            dir.path(),
+        )
+        .await?;
         Ok(Self {
             spec,
             kubeconfig,
@@ -599,7 +618,10 @@ impl Cluster {
         match &self.plane {
             Plane::Fake { .. } => (STAND_IN.into(), STAND_IN.into(), STAND_IN.into()),
             Plane::Real(plane) => (
-                plane.apiserver_version().await.unwrap_or_else(|e| format!("unknown: {e}")),
+                plane
+                    .apiserver_version()
+                    .await
+                    .unwrap_or_else(|e| format!("unknown: {e}")),
                 plane.binary_version("kube-scheduler"),
                 STAND_IN.into(),
             ),
@@ -667,17 +689,37 @@ impl Cluster {
                 .await
                 .map(drop)
                 .map_err(|e| start_err("fake-scheduler", e))?,
-            Plane::Fake { scheduler: None, .. } => {}
+            Plane::Fake {
+                scheduler: None, ..
+            } => {}
             Plane::Real(_) => {
                 // kube-scheduler leads once it holds its Lease (named after
                 // the scheduler, in the release namespace).
                 use k8s_openapi::api::coordination::v1::Lease;
                 let leases: Api<Lease> = Api::namespaced(client, crate::real::install::NAMESPACE);
-                crate::harness::wait_for_object(leases, SCHEDULER_NAME, Duration::from_secs(90), |l: &Lease| {
-                    l.spec.as_ref().and_then(|s| s.holder_identity.as_ref()).is_some_and(|h| !h.is_empty())
-                })
+                crate::harness::wait_for_object(
+                    leases,
+                    SCHEDULER_NAME,
+                    Duration::from_secs(90),
+                    |l: &Lease| {
+                        l.spec
+                            .as_ref()
+                            .and_then(|s| s.holder_identity.as_ref())
+                            .is_some_and(|h| !h.is_empty())
+                    },
+                )
                 .await
-                .map_err(|e| start_err("kube-scheduler", format!("{e}; {}", self.real_control_plane().map(|p| p.logs()).unwrap_or_default())))?;
+                .map_err(|e| {
+                    start_err(
+                        "kube-scheduler",
+                        format!(
+                            "{e}; {}",
+                            self.real_control_plane()
+                                .map(|p| p.logs())
+                                .unwrap_or_default()
+                        ),
+                    )
+                })?;
             }
         }
         Ok(())

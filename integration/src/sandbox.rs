@@ -29,7 +29,7 @@ use tokio::sync::watch;
 
 pub use self::settle::{PodState, Settling};
 use crate::checker::{self, Report};
-use crate::cluster::{Cluster, ClusterError, ClusterSpec};
+use crate::cluster::{Cluster, ClusterError, ClusterSpec, ControlPlaneKind};
 use crate::harness::HarnessError;
 use crate::workload;
 
@@ -38,7 +38,7 @@ use crate::workload;
 #[command(
     name = "sandbox",
     version,
-    about = "A whole gpuslice cluster on one machine: fake kube-apiserver, kube-scheduler and kubelets around the real scheduler-webhook and node-daemons with simulated GPUs",
+    about = "A whole gpuslice cluster on one machine: a kube-apiserver, kube-scheduler and kubelets (in-process stand-ins, or with --control-plane real the real control plane) around the real scheduler-webhook and node-daemons with simulated GPUs",
     after_help = "Before submitting, the sandbox waits until the scheduler-webhook's model has every node's GPUs. \
 A pod counts as settled when it runs or has finished, or when kube-scheduler found it unschedulable after the cluster's last change.\n\n\
 Exit status: 0 when the result is the expected one: the checker is clean, no pod failed or was rejected, \
@@ -79,6 +79,33 @@ pub struct Args {
     /// Leave the cluster up after the report (prints the kubeconfig path); stop with Ctrl-C.
     #[arg(long)]
     pub keep_running: bool,
+    /// `fake`: the in-process stand-ins (no set-up). `real`: kube-apiserver, etcd,
+    /// kube-controller-manager and kube-scheduler built from k8s.io/kubernetes by
+    /// integration/k8s/build.sh (needs Go 1.26; the first run builds them, which takes minutes).
+    #[arg(long, default_value = "fake")]
+    pub control_plane: ControlPlaneKind,
+}
+
+/// What ran the cluster: the versions the real components report, or
+/// "stand-in".
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ControlPlaneSummary {
+    /// kube-apiserver's `/version`.
+    pub kube_apiserver: String,
+    /// kube-scheduler's `--version`.
+    pub kube_scheduler: String,
+    /// `real <version>` or "stand-in".
+    pub kubelet: String,
+}
+
+impl Default for ControlPlaneSummary {
+    fn default() -> Self {
+        Self {
+            kube_apiserver: "stand-in".into(),
+            kube_scheduler: "stand-in".into(),
+            kubelet: "stand-in".into(),
+        }
+    }
 }
 
 /// One GPU in the summary.
@@ -147,6 +174,8 @@ pub struct Summary {
     pub not_running: Vec<Unplaced>,
     /// Why the result is not the expected one (empty: it is).
     pub problems: Vec<String>,
+    /// What ran the cluster.
+    pub control_plane: ControlPlaneSummary,
     /// The checker's findings.
     #[serde(skip)]
     pub report: Report,
@@ -327,6 +356,15 @@ pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
         ));
     }
     let pods = pods_of(args)?;
+    if args.control_plane == ControlPlaneKind::Real
+        && crate::real::binaries::Binaries::find().is_err()
+    {
+        eprintln!(
+            "the real control plane is not built yet: building it now with integration/k8s/build.sh \
+             (Go module proxy; several minutes the first time, seconds afterwards)"
+        );
+        crate::real::binaries::Binaries::build().map_err(SandboxError::Usage)?;
+    }
     let cluster = Cluster::start(ClusterSpec {
         nodes: args.nodes,
         gpus_per_node: args.gpus_per_node,
@@ -334,11 +372,20 @@ pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
         gpu_memory_mib: args.gpu_memory,
         split_count: args.split_count,
         node_policy: args.policy.clone(),
+        control_plane: args.control_plane,
         ..ClusterSpec::default()
     })
     .await?;
     match submit_and_settle(args, &cluster, &pods).await {
-        Ok(summary) => Ok((summary, cluster)),
+        Ok(mut summary) => {
+            let (kube_apiserver, kube_scheduler, kubelet) = cluster.control_plane_versions().await;
+            summary.control_plane = ControlPlaneSummary {
+                kube_apiserver,
+                kube_scheduler,
+                kubelet,
+            };
+            Ok((summary, cluster))
+        }
         Err(e) => {
             cluster.shutdown().await;
             Err(e)
@@ -668,6 +715,7 @@ pub fn summarize(pods: &[Pod], nodes: &[Node], seconds_to_settle: f64) -> Summar
         nodes: node_summaries,
         not_running,
         problems: Vec::new(),
+        control_plane: ControlPlaneSummary::default(),
         report,
     }
 }
@@ -738,6 +786,12 @@ pub fn table(summary: &Summary) -> String {
     {
         let _ = writeln!(out, "  PROBLEM {} {}: {}", m.pod, m.container, m.why);
     }
+    let cp = &summary.control_plane;
+    let _ = writeln!(
+        out,
+        "control plane: kube-apiserver {}, kube-scheduler {}, kubelet {}",
+        cp.kube_apiserver, cp.kube_scheduler, cp.kubelet
+    );
     if summary.as_expected() {
         let _ = writeln!(out, "result: as expected");
     } else {

@@ -70,7 +70,11 @@ async fn the_real_apiserver_calls_our_webhook_and_kube_scheduler_our_extender() 
     );
     let created = cluster.create_pod(&pod).await.unwrap();
     let spec = created.spec.unwrap();
-    assert_eq!(spec.scheduler_name.as_deref(), Some(SCHEDULER_NAME), "the webhook routed it");
+    assert_eq!(
+        spec.scheduler_name.as_deref(),
+        Some(SCHEDULER_NAME),
+        "the webhook routed it"
+    );
 
     let client = cluster.client().await.unwrap();
     let pod = wait_for_pod(&client, "default", "slice-0", DEADLINE, |p| {
@@ -80,7 +84,10 @@ async fn the_real_apiserver_calls_our_webhook_and_kube_scheduler_our_extender() 
     .unwrap();
     assert_eq!(phase(&pod), "Running", "{:#?}", pod.status);
     let annotations = pod.metadata.annotations.unwrap_or_default();
-    assert_eq!(annotations.get("hami.io/vgpu-node").map(String::as_str), Some("gpu-node-0"));
+    assert_eq!(
+        annotations.get("hami.io/vgpu-node").map(String::as_str),
+        Some("gpu-node-0")
+    );
     assert!(
         annotations["hami.io/vgpu-devices-allocated"].contains(",NVIDIA,3000,30:"),
         "{annotations:?}"
@@ -114,9 +121,14 @@ async fn the_demo_mix_runs_on_the_real_control_plane() {
     let too_big = demo.iter().find(|d| d.expect_unschedulable).unwrap();
     let name = too_big.pod.metadata.name.as_deref().unwrap();
     let pod = wait_for_pod(&client, "default", name, DEADLINE, |p| {
-        p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-            cs.iter().any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
-        })
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
     })
     .await
     .unwrap();
@@ -185,7 +197,12 @@ async fn helm_install_into_the_real_apiserver_accepts_every_object() {
         let mut cmd = std::process::Command::new(&helm);
         cmd.args(["install", release])
             .arg(&chart_dir)
-            .args(["--namespace", &namespace, "--create-namespace", "--wait=false"])
+            .args([
+                "--namespace",
+                &namespace,
+                "--create-namespace",
+                "--wait=false",
+            ])
             .arg("--kubeconfig")
             .arg(&plane.admin_kubeconfig)
             .env_remove("KUBERNETES_SERVICE_HOST");
@@ -206,16 +223,27 @@ async fn helm_install_into_the_real_apiserver_accepts_every_object() {
         let tests = std::process::Command::new(&helm)
             .args(["template", release])
             .arg(&chart_dir)
-            .args(["--namespace", &namespace, "--show-only", "templates/tests/test-gpu-slice-pod.yaml"])
+            .args([
+                "--namespace",
+                &namespace,
+                "--show-only",
+                "templates/tests/test-gpu-slice-pod.yaml",
+            ])
             .args(sets.iter().flat_map(|s| ["--set", s.as_str()]))
             .output()
             .unwrap();
         let docs = chart::parse_documents(&String::from_utf8_lossy(&tests.stdout)).unwrap();
         let client = plane.admin_client().await.unwrap();
-        plane.wait_for_default_service_account(&namespace).await.unwrap();
+        plane
+            .wait_for_default_service_account(&namespace)
+            .await
+            .unwrap();
         for doc in docs.iter().filter(|d| d["kind"] == "Pod") {
             let pod: Pod = serde_json::from_value(doc.clone()).unwrap();
-            let dry = PostParams { dry_run: true, ..PostParams::default() };
+            let dry = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
             Api::<Pod>::namespaced(client.clone(), &namespace)
                 .create(&dry, &pod)
                 .await

@@ -57,7 +57,9 @@ fn init_logs() {
 fn fake_only(test: &str) -> bool {
     let real = ControlPlaneKind::from_env() == ControlPlaneKind::Real;
     if real {
-        eprintln!("SKIPPED {test}: injects API faults through the fake apiserver (fake control plane only)");
+        eprintln!(
+            "SKIPPED {test}: injects API faults through the fake apiserver (fake control plane only)"
+        );
     }
     real
 }

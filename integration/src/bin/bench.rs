@@ -272,9 +272,9 @@ async fn steady(window_secs: u64) -> anyhow::Result<Vec<Row>> {
         },
     )
     .await?;
-    let api = cluster
-        .fake_api()
-        .ok_or_else(|| anyhow::anyhow!("the quiet-period count needs the fake apiserver's request log"))?;
+    let api = cluster.fake_api().ok_or_else(|| {
+        anyhow::anyhow!("the quiet-period count needs the fake apiserver's request log")
+    })?;
     let before = api.stats().requests;
     let window = Duration::from_secs(window_secs);
     tokio::time::sleep(window).await; // measuring a quiet period is the point here

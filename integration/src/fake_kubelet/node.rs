@@ -153,12 +153,18 @@ async fn renew_node_lease(client: kube::Client, node: String) {
             "leaseDurationSeconds": NODE_LEASE_SECONDS,
             "renewTime": MicroTime(Timestamp::now()),
         }});
-        let renewed = match leases.patch(&node, &PatchParams::default(), &Patch::Merge(&renew)).await {
+        let renewed = match leases
+            .patch(&node, &PatchParams::default(), &Patch::Merge(&renew))
+            .await
+        {
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 let mut lease = renew.clone();
                 lease["metadata"] = json!({"name": node, "namespace": NODE_LEASE_NAMESPACE});
                 match serde_json::from_value::<Lease>(lease) {
-                    Ok(lease) => leases.create(&PostParams::default(), &lease).await.map(drop),
+                    Ok(lease) => leases
+                        .create(&PostParams::default(), &lease)
+                        .await
+                        .map(drop),
                     Err(e) => Err(kube::Error::SerdeError(e)),
                 }
             }

@@ -94,8 +94,10 @@ impl Binaries {
     /// # Errors
     /// Go is missing or the build failed; the message says which.
     pub fn build() -> Result<Self, String> {
+        // Progress goes to stderr, so a caller's stdout (JSON) stays clean.
         let status = Command::new("bash")
             .arg(build_script())
+            .stdout(std::process::Stdio::from(std::io::stderr()))
             .status()
             .map_err(|e| format!("running {}: {e}", build_script().display()))?;
         if !status.success() {

@@ -34,7 +34,10 @@ pub fn helm() -> Result<PathBuf, String> {
             .status()
             .map_err(|e| format!("running {}: {e}", script.display()))?;
         if !status.success() || !helm.is_file() {
-            return Err(format!("{} did not install helm ({status})", script.display()));
+            return Err(format!(
+                "{} did not install helm ({status})",
+                script.display()
+            ));
         }
     }
     Ok(helm)
@@ -92,7 +95,10 @@ pub fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
 }
 
 fn loopback_url(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")) else {
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
         return false;
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
@@ -100,7 +106,8 @@ fn loopback_url(url: &str) -> bool {
         .strip_prefix('[')
         .and_then(|h| h.split_once(']').map(|(h, _)| h))
         .unwrap_or_else(|| authority.rsplit_once(':').map_or(authority, |(h, _)| h));
-    host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn object_name(o: &Value) -> String {
@@ -119,7 +126,9 @@ fn check_client_config(what: &str, config: &Value) -> Result<(), String> {
     }
     match config["url"].as_str() {
         Some(url) if loopback_url(url) => Ok(()),
-        Some(url) => Err(format!("{what} points the apiserver at {url}, not at 127.0.0.1")),
+        Some(url) => Err(format!(
+            "{what} points the apiserver at {url}, not at 127.0.0.1"
+        )),
         None => Err(format!("{what} has neither a url nor a service")),
     }
 }
@@ -141,7 +150,9 @@ pub fn check_loopback(objects: &[Value]) -> Result<(), String> {
                 }
             }
             "APIService" if !o["spec"]["service"].is_null() => {
-                return Err(format!("{name} is backed by a Service: the apiserver would dial it"));
+                return Err(format!(
+                    "{name} is backed by a Service: the apiserver would dial it"
+                ));
             }
             "CustomResourceDefinition" => {
                 let conversion = &o["spec"]["conversion"]["webhook"]["clientConfig"];
@@ -150,7 +161,12 @@ pub fn check_loopback(objects: &[Value]) -> Result<(), String> {
                 }
             }
             "ConfigMap" => {
-                for text in o["data"].as_object().into_iter().flatten().filter_map(|(_, v)| v.as_str()) {
+                for text in o["data"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(_, v)| v.as_str())
+                {
                     if !text.contains("KubeSchedulerConfiguration") {
                         continue;
                     }
@@ -186,13 +202,20 @@ pub fn find<'a>(objects: &'a [Value], kind: &str, name_suffix: &str) -> Option<&
 ///
 /// # Errors
 /// The check refused an object, or the server refused one (its message).
-pub async fn create_all(client: &kube::Client, namespace: &str, objects: &[Value]) -> Result<(), String> {
+pub async fn create_all(
+    client: &kube::Client,
+    namespace: &str,
+    objects: &[Value],
+) -> Result<(), String> {
     check_loopback(objects)?;
     for o in objects {
         let name = object_name(o);
         let (group, version) = match o["apiVersion"].as_str().unwrap_or_default().split_once('/') {
             Some((g, v)) => (g.to_owned(), v.to_owned()),
-            None => (String::new(), o["apiVersion"].as_str().unwrap_or_default().to_owned()),
+            None => (
+                String::new(),
+                o["apiVersion"].as_str().unwrap_or_default().to_owned(),
+            ),
         };
         let gvk = GroupVersionKind::gvk(&group, &version, o["kind"].as_str().unwrap_or_default());
         let (resource, caps) = discovery::pinned_kind(client, &gvk)

@@ -66,13 +66,21 @@ impl Process {
             .stderr(err)
             .spawn()
             .map_err(|e| format!("starting {name} ({}): {e}", binary.display()))?;
-        Ok(Self { name: name.to_owned(), log, child })
+        Ok(Self {
+            name: name.to_owned(),
+            log,
+            child,
+        })
     }
 
     /// `Some(reason)` when the process has exited.
     pub fn exited(&mut self) -> Option<String> {
         match self.child.try_wait() {
-            Ok(Some(status)) => Some(format!("{} exited ({status}); {}", self.name, self.log_tail())),
+            Ok(Some(status)) => Some(format!(
+                "{} exited ({status}); {}",
+                self.name,
+                self.log_tail()
+            )),
             Ok(None) => None,
             Err(e) => Some(format!("{}: {e}", self.name)),
         }
@@ -134,12 +142,20 @@ pub struct ControlPlane {
     etcd: Process,
 }
 
-fn wait_line(process: &mut Process, stdout_file: &Path, want: &str, deadline: Duration) -> Result<(), String> {
+fn wait_line(
+    process: &mut Process,
+    stdout_file: &Path,
+    want: &str,
+    deadline: Duration,
+) -> Result<(), String> {
     // etcd prints "ready" once serving; its stdout is the log file.
     let start = Instant::now();
     loop {
         if let Ok(f) = File::open(stdout_file)
-            && BufReader::new(f).lines().map_while(Result::ok).any(|l| l == want)
+            && BufReader::new(f)
+                .lines()
+                .map_while(Result::ok)
+                .any(|l| l == want)
         {
             return Ok(());
         }
@@ -147,7 +163,11 @@ fn wait_line(process: &mut Process, stdout_file: &Path, want: &str, deadline: Du
             return Err(reason);
         }
         if start.elapsed() > deadline {
-            return Err(format!("{} did not print {want:?} within {deadline:?}; {}", process.name, process.log_tail()));
+            return Err(format!(
+                "{} did not print {want:?} within {deadline:?}; {}",
+                process.name,
+                process.log_tail()
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -163,7 +183,11 @@ impl ControlPlane {
     pub async fn start(binaries: Binaries, dir: &Path) -> Result<Self, String> {
         let io = |e: std::io::Error| e.to_string();
         let pki = Pki::generate(&dir.join("pki")).map_err(io)?;
-        let (client_port, peer_port, api_port) = (free_port().map_err(io)?, free_port().map_err(io)?, free_port().map_err(io)?);
+        let (client_port, peer_port, api_port) = (
+            free_port().map_err(io)?,
+            free_port().map_err(io)?,
+            free_port().map_err(io)?,
+        );
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let mut etcd = Process::spawn(
             "etcd",
@@ -179,7 +203,9 @@ impl ControlPlane {
             dir,
         )?;
         let etcd_log = etcd.log.clone();
-        tokio::task::block_in_place(|| wait_line(&mut etcd, &etcd_log, "ready", Duration::from_secs(60)))?;
+        tokio::task::block_in_place(|| {
+            wait_line(&mut etcd, &etcd_log, "ready", Duration::from_secs(60))
+        })?;
 
         let p = |x: &Path| x.display().to_string();
         let apiserver = Process::spawn(
@@ -194,8 +220,14 @@ impl ControlPlane {
                 format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
                 format!("--client-ca-file={}", p(&pki.ca)),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                format!("--service-account-key-file={}", p(&pki.service_account.cert)),
-                format!("--service-account-signing-key-file={}", p(&pki.service_account.key)),
+                format!(
+                    "--service-account-key-file={}",
+                    p(&pki.service_account.cert)
+                ),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    p(&pki.service_account.key)
+                ),
                 format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
                 "--authorization-mode=Node,RBAC".into(),
                 format!("--enable-admission-plugins={ADMISSION_PLUGINS}"),
@@ -208,10 +240,17 @@ impl ControlPlane {
             ],
             dir,
         )?;
-        let admin = pki.client("admin", "kubernetes-admin", &["system:masters"]).map_err(io)?;
+        let admin = pki
+            .client("admin", "kubernetes-admin", &["system:masters"])
+            .map_err(io)?;
         let server = format!("https://127.0.0.1:{api_port}");
         let admin_kubeconfig = dir.join("admin.kubeconfig");
-        write_kubeconfig(&admin_kubeconfig, &server, &pki.ca, &Credentials::Certificate(admin))?;
+        write_kubeconfig(
+            &admin_kubeconfig,
+            &server,
+            &pki.ca,
+            &Credentials::Certificate(admin),
+        )?;
         let mut plane = Self {
             binaries,
             pki,
@@ -225,9 +264,21 @@ impl ControlPlane {
         };
         plane.wait_ready().await?;
 
-        let kcm = plane.pki.client("kube-controller-manager", "system:kube-controller-manager", &[]).map_err(io)?;
+        let kcm = plane
+            .pki
+            .client(
+                "kube-controller-manager",
+                "system:kube-controller-manager",
+                &[],
+            )
+            .map_err(io)?;
         let kcm_kubeconfig = dir.join("kube-controller-manager.kubeconfig");
-        write_kubeconfig(&kcm_kubeconfig, &plane.server, &plane.pki.ca, &Credentials::Certificate(kcm))?;
+        write_kubeconfig(
+            &kcm_kubeconfig,
+            &plane.server,
+            &plane.pki.ca,
+            &Credentials::Certificate(kcm),
+        )?;
         let kcm_port = free_port().map_err(io)?;
         plane.controller_manager = Some(Process::spawn(
             "kube-controller-manager",
@@ -238,7 +289,10 @@ impl ControlPlane {
                 format!("--authorization-kubeconfig={}", p(&kcm_kubeconfig)),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={kcm_port}"),
-                format!("--service-account-private-key-file={}", p(&plane.pki.service_account.key)),
+                format!(
+                    "--service-account-private-key-file={}",
+                    p(&plane.pki.service_account.key)
+                ),
                 format!("--root-ca-file={}", p(&plane.pki.ca)),
                 "--use-service-account-credentials=true".into(),
                 "--controllers=*".into(),
@@ -270,7 +324,9 @@ impl ControlPlane {
             if let Some(reason) = self.apiserver.exited() {
                 return Err(reason);
             }
-            let req = http::Request::get("/readyz").body(Vec::new()).map_err(|e| e.to_string())?;
+            let req = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
             match client.request_text(req).await {
                 Ok(text) if text.trim() == "ok" => return Ok(()),
                 Ok(text) => last = text,
@@ -278,7 +334,10 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(format!("kube-apiserver not ready after 120 s (last: {last}); {}", self.apiserver.log_tail()))
+        Err(format!(
+            "kube-apiserver not ready after 120 s (last: {last}); {}",
+            self.apiserver.log_tail()
+        ))
     }
 
     /// Waits until the service-account controller created `default` in
@@ -299,7 +358,11 @@ impl ControlPlane {
         .await
         .map(drop)
         .map_err(|e| {
-            let kcm = self.controller_manager.as_ref().map(Process::log_tail).unwrap_or_default();
+            let kcm = self
+                .controller_manager
+                .as_ref()
+                .map(Process::log_tail)
+                .unwrap_or_default();
             format!("{e}; {kcm}")
         })
     }
@@ -309,7 +372,12 @@ impl ControlPlane {
     /// # Errors
     /// The request failed.
     pub async fn apiserver_version(&self) -> Result<String, String> {
-        let info = self.admin_client().await?.apiserver_version().await.map_err(|e| e.to_string())?;
+        let info = self
+            .admin_client()
+            .await?
+            .apiserver_version()
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(info.git_version)
     }
 
@@ -320,7 +388,12 @@ impl ControlPlane {
             .arg("--version")
             .output()
             .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().trim_start_matches("Kubernetes ").to_owned())
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .trim_start_matches("Kubernetes ")
+                    .to_owned()
+            })
             .unwrap_or_default()
     }
 
@@ -329,7 +402,11 @@ impl ControlPlane {
     ///
     /// # Errors
     /// The request failed (the ServiceAccount must exist).
-    pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf, String> {
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<PathBuf, String> {
         let client = self.admin_client().await?;
         let api: Api<ServiceAccount> = Api::namespaced(client, namespace);
         let request = serde_json::json!({
@@ -341,11 +418,16 @@ impl ControlPlane {
             .create_subresource("token", name, &PostParams::default(), &request)
             .await
             .map_err(|e| format!("token for ServiceAccount {namespace}/{name}: {e}"))?;
-        let token = response["status"]["token"]
-            .as_str()
-            .ok_or_else(|| format!("token for ServiceAccount {namespace}/{name}: no status.token"))?;
+        let token = response["status"]["token"].as_str().ok_or_else(|| {
+            format!("token for ServiceAccount {namespace}/{name}: no status.token")
+        })?;
         let path = self.dir.join(format!("sa-{namespace}-{name}.kubeconfig"));
-        write_kubeconfig(&path, &self.server, &self.pki.ca, &Credentials::Token(token.to_owned()))?;
+        write_kubeconfig(
+            &path,
+            &self.server,
+            &self.pki.ca,
+            &Credentials::Token(token.to_owned()),
+        )?;
         Ok(path)
     }
 
@@ -354,10 +436,23 @@ impl ControlPlane {
     ///
     /// # Errors
     /// Signing or writing failed.
-    pub fn certificate_kubeconfig(&self, file: &str, user: &str, groups: &[&str]) -> Result<PathBuf, String> {
-        let cert = self.pki.client(file, user, groups).map_err(|e| e.to_string())?;
+    pub fn certificate_kubeconfig(
+        &self,
+        file: &str,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<PathBuf, String> {
+        let cert = self
+            .pki
+            .client(file, user, groups)
+            .map_err(|e| e.to_string())?;
         let path = self.dir.join(format!("{file}.kubeconfig"));
-        write_kubeconfig(&path, &self.server, &self.pki.ca, &Credentials::Certificate(cert))?;
+        write_kubeconfig(
+            &path,
+            &self.server,
+            &self.pki.ca,
+            &Credentials::Certificate(cert),
+        )?;
         Ok(path)
     }
 
@@ -374,8 +469,8 @@ impl ControlPlane {
         // clientConnection.kubeconfig; in a pod it is empty (in-cluster
         // configuration, which must never be used here), so it is set to the
         // ServiceAccount's kubeconfig: the same token the pod would mount.
-        let mut parsed: serde_json::Value =
-            serde_saphyr::from_str(config).map_err(|e| format!("kube-scheduler configuration: {e}"))?;
+        let mut parsed: serde_json::Value = serde_saphyr::from_str(config)
+            .map_err(|e| format!("kube-scheduler configuration: {e}"))?;
         parsed["clientConnection"]["kubeconfig"] = kubeconfig.display().to_string().into();
         let text = serde_json::to_string_pretty(&parsed).map_err(|e| e.to_string())?;
         std::fs::write(&config_path, text).map_err(|e| e.to_string())?;
@@ -415,9 +510,12 @@ impl ControlPlane {
 /// The file is unreadable or invalid.
 pub async fn client_from(path: &Path) -> Result<kube::Client, String> {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
@@ -425,7 +523,12 @@ pub async fn client_from(path: &Path) -> Result<kube::Client, String> {
 ///
 /// # Errors
 /// The file cannot be written.
-pub fn write_kubeconfig(path: &Path, server: &str, ca: &Path, credentials: &Credentials) -> Result<(), String> {
+pub fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    credentials: &Credentials,
+) -> Result<(), String> {
     let user = match credentials {
         Credentials::Certificate(c) => format!(
             "    client-certificate: {}\n    client-key: {}\n",

@@ -42,12 +42,17 @@ pub struct Installed {
 fn component<'a>(objects: &'a [Value], kind: &str, component: &str) -> Result<&'a Value, String> {
     objects
         .iter()
-        .find(|o| o["kind"] == kind && o["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+        .find(|o| {
+            o["kind"] == kind && o["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        })
         .ok_or_else(|| format!("the chart rendered no {kind} for the {component}"))
 }
 
 fn name(o: &Value) -> String {
-    o["metadata"]["name"].as_str().unwrap_or_default().to_owned()
+    o["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Renders the chart with the webhook and extender on `127.0.0.1:port` and
@@ -56,7 +61,12 @@ fn name(o: &Value) -> String {
 ///
 /// # Errors
 /// Rendering, the loopback check or an API call failed.
-pub async fn install(plane: &ControlPlane, port: u16, extra_sets: &[String], dir: &Path) -> Result<Installed, String> {
+pub async fn install(
+    plane: &ControlPlane,
+    port: u16,
+    extra_sets: &[String],
+    dir: &Path,
+) -> Result<Installed, String> {
     let mut sets = vec![
         format!("scheduler.port={port}"),
         format!("scheduler.admissionWebhook.url=https://127.0.0.1:{port}/webhook"),
@@ -72,8 +82,9 @@ pub async fn install(plane: &ControlPlane, port: u16, extra_sets: &[String], dir
     chart::check_loopback(&objects)?;
 
     let client = plane.admin_client().await?;
-    let namespace: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))
-        .map_err(|e| e.to_string())?;
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))
+            .map_err(|e| e.to_string())?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &namespace)
         .await
@@ -107,8 +118,12 @@ pub async fn install(plane: &ControlPlane, port: u16, extra_sets: &[String], dir
         .to_owned();
     Ok(Installed {
         tls,
-        scheduler_kubeconfig: plane.service_account_kubeconfig(NAMESPACE, &scheduler_sa).await?,
-        node_daemon_kubeconfig: plane.service_account_kubeconfig(NAMESPACE, &daemon_sa).await?,
+        scheduler_kubeconfig: plane
+            .service_account_kubeconfig(NAMESPACE, &scheduler_sa)
+            .await?,
+        node_daemon_kubeconfig: plane
+            .service_account_kubeconfig(NAMESPACE, &daemon_sa)
+            .await?,
         scheduler_config,
         objects,
     })

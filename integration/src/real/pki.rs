@@ -98,7 +98,12 @@ impl Pki {
     ///
     /// # Errors
     /// Signing or writing failed.
-    pub fn client(&self, file: &str, common_name: &str, groups: &[&str]) -> std::io::Result<CertFiles> {
+    pub fn client(
+        &self,
+        file: &str,
+        common_name: &str,
+        groups: &[&str],
+    ) -> std::io::Result<CertFiles> {
         self.sign(file, common_name, groups, &[], false)
     }
 
@@ -112,7 +117,9 @@ impl Pki {
     ) -> std::io::Result<CertFiles> {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         for g in groups {
             params.distinguished_name.push(DnType::OrganizationName, *g);
         }
@@ -120,9 +127,7 @@ impl Pki {
             .iter()
             .map(|n| match n.parse::<std::net::IpAddr>() {
                 Ok(ip) => Ok(SanType::IpAddress(ip)),
-                Err(_) => Ok(SanType::DnsName(
-                    (*n).try_into().map_err(err("DNS name"))?,
-                )),
+                Err(_) => Ok(SanType::DnsName((*n).try_into().map_err(err("DNS name"))?)),
             })
             .collect::<std::io::Result<_>>()?;
         params.key_usages = vec![
