@@ -24,6 +24,10 @@ func main() {
 		log.Fatal("fake-cri: --endpoint is required")
 	}
 	rt := fake.NewFakeRemoteRuntime()
+	// The CRI client in kubelet rejects an image whose id or size is unset ("Id or size of
+	// image ... is not set", k8s.io/cri-client/pkg/remote_image.go), and the fake's pulled
+	// images have size FakeImageSize, 0 by default: give them a size so containers start.
+	rt.ImageService.SetFakeImageSize(1 << 20)
 	if err := rt.Start(*endpoint); err != nil {
 		log.Fatalf("fake-cri: start on %s: %v", *endpoint, err)
 	}
