@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
-use integration::cluster::{Cluster, ClusterSpec};
+use integration::cluster::{Cluster, ClusterSpec, ControlPlaneKind};
 use integration::fake_apiserver::FakeApiServer;
 use integration::fake_scheduler::config::ExtenderConfig;
 use integration::fake_scheduler::extender::Extender;
@@ -59,6 +59,11 @@ struct Args {
     /// Repetitions of `burst` (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Control plane of `burst` and `throughput`: `fake` (in-process stand-ins) or `real`
+    /// (kube-apiserver, etcd, kube-controller-manager, kube-scheduler built by
+    /// integration/k8s/build.sh). `steady` and `extender` need the fake apiserver's request log.
+    #[arg(long, default_value = "fake")]
+    control_plane: ControlPlaneKind,
 }
 
 type Row = (String, String, String);
@@ -78,7 +83,9 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("running {which} …");
         match which.as_str() {
             "burst" => rows.extend(burst(&args).await?),
-            "throughput" => rows.extend(throughput(args.throughput_nodes).await?),
+            "throughput" => {
+                rows.extend(throughput(args.throughput_nodes, args.control_plane).await?)
+            }
             "steady" => rows.extend(steady(args.steady_seconds).await?),
             "extender" => {
                 for &n in &args.extender_nodes {
@@ -161,6 +168,7 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
         let cluster = Cluster::start(ClusterSpec {
             nodes: 1,
             gpus_per_node: 8,
+            control_plane: args.control_plane,
             ..ClusterSpec::default()
         })
         .await?;
@@ -179,7 +187,10 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
     let median = times[times.len() / 2];
     Ok(vec![
         (
-            "burst: 40 slice pods, 1 node × 8 GPUs".into(),
+            format!(
+                "burst: 40 slice pods, 1 node × 8 GPUs ({} control plane)",
+                args.control_plane.as_str()
+            ),
             format!("seconds to settle (median of {})", times.len()),
             format!("{median:.2} s"),
         ),
@@ -196,10 +207,11 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
     ])
 }
 
-async fn throughput(nodes: usize) -> anyhow::Result<Vec<Row>> {
+async fn throughput(nodes: usize, control_plane: ControlPlaneKind) -> anyhow::Result<Vec<Row>> {
     let cluster = Cluster::start(ClusterSpec {
         nodes,
         gpus_per_node: 8,
+        control_plane,
         ..ClusterSpec::default()
     })
     .await?;
@@ -214,7 +226,10 @@ async fn throughput(nodes: usize) -> anyhow::Result<Vec<Row>> {
     let rate = running as f64 / secs;
     Ok(vec![
         (
-            format!("throughput: {count} slice pods, {nodes} nodes × 8 GPUs"),
+            format!(
+                "throughput: {count} slice pods, {nodes} nodes × 8 GPUs ({} control plane)",
+                control_plane.as_str()
+            ),
             "pods/s (create → Running)".into(),
             format!("{rate:.1}"),
         ),
@@ -225,7 +240,15 @@ async fn throughput(nodes: usize) -> anyhow::Result<Vec<Row>> {
         ),
         (
             "throughput".into(),
-            "RSS of the whole in-process cluster (all fakes and services)".into(),
+            match control_plane {
+                ControlPlaneKind::Fake => {
+                    "RSS of the whole in-process cluster (all fakes and services)"
+                }
+                ControlPlaneKind::Real => {
+                    "RSS of the bench process (services, fake kubelets; not the Go control plane)"
+                }
+            }
+            .into(),
             rss,
         ),
     ])
