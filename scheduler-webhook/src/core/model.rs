@@ -10,8 +10,6 @@ use std::collections::HashMap;
 
 use proto::hami::register::NodeDevice;
 
-use crate::core::reservation::Ledger;
-
 /// Index of a node in [`Cluster::nodes`].
 pub type NodeId = usize;
 
@@ -152,6 +150,28 @@ impl Node {
         self.free_cpu_memory()
             .is_none_or(|(cpu, mem)| cpu_milli <= cpu && memory_mib <= mem)
     }
+}
+
+/// What one pod holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodUsage {
+    /// The node.
+    pub node: NodeId,
+    /// Per GPU position on the node, what the pod holds there.
+    pub gpus: Vec<(usize, GpuUse)>,
+    /// CPU, milli-cores.
+    pub cpu_milli: u64,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+    /// Whether the pod is bound (committed) rather than only reserved.
+    pub committed: bool,
+}
+
+/// Pods by UID: the usage recorded in each [`Node`] is the sum of these.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ledger {
+    /// What each pod holds; changed only by [`crate::core::reservation`].
+    pub(crate) pods: HashMap<String, PodUsage>,
 }
 
 /// Every node the scheduler knows, with the pod ledger that produced their

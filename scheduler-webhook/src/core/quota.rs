@@ -26,40 +26,8 @@ use std::fmt;
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::resources::ResourceNames;
 
+pub use crate::core::request::QuotaRoom;
 use crate::core::request::{DeviceRequest, MemoryRequest, PodRequest};
-
-/// What is left for one pod in its namespace; `None` is unlimited.
-/// Memory is device MiB (after `memoryFactor`), cores are percent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct QuotaRoom {
-    /// Memory left, MiB.
-    pub memory_mib: Option<u64>,
-    /// Cores left, percent.
-    pub cores: Option<u64>,
-}
-
-impl QuotaRoom {
-    /// Whether a pick of `mem` MiB and `cores` percent fits.
-    #[must_use]
-    pub fn admits(&self, mem: u64, cores: u32) -> bool {
-        self.memory_mib.is_none_or(|m| mem <= m) && self.cores.is_none_or(|c| u64::from(cores) <= c)
-    }
-
-    /// Takes a pick out of the room when it fits; `false` (and no change)
-    /// when it does not.
-    pub fn take(&mut self, mem: u64, cores: u32) -> bool {
-        if !self.admits(mem, cores) {
-            return false;
-        }
-        if let Some(m) = self.memory_mib.as_mut() {
-            *m -= mem;
-        }
-        if let Some(c) = self.cores.as_mut() {
-            *c -= u64::from(cores);
-        }
-        true
-    }
-}
 
 /// The limits one `ResourceQuota` (or the tightest of several) sets on our
 /// two keys, as written (memory not yet scaled by `memoryFactor`).

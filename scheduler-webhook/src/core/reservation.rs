@@ -8,10 +8,9 @@
 //! two per dimension, since init containers finish before app containers
 //! start — the same view [`crate::core::fit::fit_pod`] takes.
 
-use std::collections::HashMap;
-
 use proto::hami::pod_devices::PodDevices;
 
+pub use crate::core::model::PodUsage;
 use crate::core::model::{Cluster, GpuUse, Node, NodeId};
 
 /// Errors changing the ledger.
@@ -43,27 +42,6 @@ pub enum ReservationError {
     /// No reservation for this pod UID.
     #[error("no reservation for pod {0}")]
     UnknownPod(String),
-}
-
-/// What one pod holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodUsage {
-    /// The node.
-    pub node: NodeId,
-    /// Per GPU position on the node, what the pod holds there.
-    pub gpus: Vec<(usize, GpuUse)>,
-    /// CPU, milli-cores.
-    pub cpu_milli: u64,
-    /// Memory, MiB.
-    pub memory_mib: u64,
-    /// Whether the pod is bound (committed) rather than only reserved.
-    pub committed: bool,
-}
-
-/// Pods by UID.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Ledger {
-    pods: HashMap<String, PodUsage>,
 }
 
 /// A pod's usage per GPU position from its device annotation, where the
