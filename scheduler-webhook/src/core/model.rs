@@ -49,6 +49,24 @@ pub struct GpuUse {
     pub usedcores: u32,
 }
 
+impl proto::accounting::Amount for GpuUse {
+    fn plus(self, other: Self) -> Self {
+        Self {
+            used: self.used.saturating_add(other.used),
+            usedmem: self.usedmem.saturating_add(other.usedmem),
+            usedcores: self.usedcores.saturating_add(other.usedcores),
+        }
+    }
+
+    fn peak(self, other: Self) -> Self {
+        Self {
+            used: self.used.max(other.used),
+            usedmem: self.usedmem.max(other.usedmem),
+            usedcores: self.usedcores.max(other.usedcores),
+        }
+    }
+}
+
 /// CPU and memory a node offers to pods (the simulator checks them; the
 /// extender leaves this to kube-scheduler and sets none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
