@@ -78,7 +78,7 @@ impl CivilDateTime {
         let year = check_range("year", year, 0, 9999)?;
         let month = check_range("month", month, 1, 12)?;
         // Year and month are valid here, so the fallback is never taken.
-        let days_in_month = Date::new(year, month, 1).map_or(31, |d| d.days_in_month());
+        let days_in_month = Date::new(year, month, 1).map_or(31, Date::days_in_month);
         let day = check_range("day", day, 1, days_in_month)?;
         let hour = check_range("hour", hour, 0, 23)?;
         let minute = check_range("minute", minute, 0, 59)?;
