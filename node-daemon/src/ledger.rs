@@ -3,10 +3,11 @@
 //! container index. Pure: no actix, no I/O; `GpuActor` is its only owner.
 //!
 //! A pod's use of the GPU is counted as the scheduler counts it (spec §5,
-//! `scheduler-webhook::core::reservation`): its app containers summed (one
-//! slot each), its init containers at their peak (one slot), and the pod
-//! holds the larger of the two per dimension, since init containers finish
-//! before app containers start.
+//! `scheduler-webhook::core::reservation`), by the one rule both share,
+//! [`proto::accounting`]: its app containers summed (one slot each), its
+//! init containers at their peak (one slot), and the pod holds the larger of
+//! the two per dimension, since init containers finish before app containers
+//! start.
 //!
 //! Invariant, kept by construction: the GPU's usage (the sum of every pod's
 //! use) never exceeds its capacity (slots = `deviceSplitCount`, memory,
@@ -17,6 +18,8 @@
 //! what HAMi's filter would refuse.
 
 use std::collections::BTreeMap;
+
+use proto::accounting::{Amount, Role, pod_total};
 
 /// Who holds a slice: a pod UID and the container's index in HAMi's order
 /// (init containers first, then app containers).
@@ -59,6 +62,24 @@ pub struct Usage {
     pub memory_mib: u64,
     /// Cores held, percent.
     pub cores: u64,
+}
+
+impl Amount for Usage {
+    fn plus(self, other: Self) -> Self {
+        Self {
+            slots: self.slots.saturating_add(other.slots),
+            memory_mib: self.memory_mib.saturating_add(other.memory_mib),
+            cores: self.cores.saturating_add(other.cores),
+        }
+    }
+
+    fn peak(self, other: Self) -> Self {
+        Self {
+            slots: self.slots.max(other.slots),
+            memory_mib: self.memory_mib.max(other.memory_mib),
+            cores: self.cores.max(other.cores),
+        }
+    }
 }
 
 /// The outcome of a successful commit.
@@ -154,26 +175,19 @@ impl SliceLedger {
     }
 
     /// One pod's use: app slices summed, init slices at their peak, the
-    /// larger of the two per dimension.
+    /// larger of the two per dimension ([`proto::accounting`], the rule the
+    /// scheduler counts by).
     #[must_use]
     pub fn pod_use<'a>(slices: impl IntoIterator<Item = &'a Slice>) -> Usage {
-        let (mut app, mut init) = (Usage::default(), Usage::default());
-        for s in slices {
-            if s.init {
-                init.slots = 1;
-                init.memory_mib = init.memory_mib.max(u64::from(s.memory_mib));
-                init.cores = init.cores.max(u64::from(s.cores));
-            } else {
-                app.slots += 1;
-                app.memory_mib += u64::from(s.memory_mib);
-                app.cores += u64::from(s.cores);
-            }
-        }
-        Usage {
-            slots: app.slots.max(init.slots),
-            memory_mib: app.memory_mib.max(init.memory_mib),
-            cores: app.cores.max(init.cores),
-        }
+        pod_total(slices.into_iter().map(|s| {
+            let role = if s.init { Role::Init } else { Role::App };
+            let usage = Usage {
+                slots: 1,
+                memory_mib: u64::from(s.memory_mib),
+                cores: u64::from(s.cores),
+            };
+            (role, usage)
+        }))
     }
 
     fn slices_of<'a>(&'a self, pod_uid: &'a str) -> impl Iterator<Item = &'a Slice> + 'a {

@@ -17,7 +17,7 @@ struct Cli {
     /// Print the effective settings as JSON and exit.
     #[arg(long)]
     print_config: bool,
-    /// Log as JSON lines instead of human-readable text.
+    /// Same as --log-format=json (kept for existing charts).
     #[arg(long, env = "GPUSLICE_LOG_JSON")]
     log_json: bool,
     #[command(flatten)]
@@ -55,7 +55,11 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    node_daemon::telemetry::init(cli.log_json);
+    telemetry::init(if cli.log_json {
+        telemetry::LogFormat::Json
+    } else {
+        settings.log_format
+    });
     match node_daemon::daemon::run_process(settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

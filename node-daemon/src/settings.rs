@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use telemetry::LogFormat;
 
 /// Where the GPUs come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -78,6 +79,8 @@ pub struct Settings {
     pub hook_path: PathBuf,
     /// Where `/metrics` and `/healthz` are served; unset disables them.
     pub metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Log output: `human` or `json` (`--log-json` is the same as `json`).
+    pub log_format: LogFormat,
 }
 
 impl Default for Settings {
@@ -99,6 +102,7 @@ impl Default for Settings {
             resource_name: "nvidia.com/gpu".to_owned(),
             hook_path: PathBuf::from("/usr/local"),
             metrics_bind_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 9396))),
+            log_format: LogFormat::Human,
         }
     }
 }
@@ -219,6 +223,9 @@ pub struct Flags {
     /// Address of /metrics and /healthz [default: 0.0.0.0:9396].
     #[arg(long)]
     pub metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Log output: human or json [default: human].
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
 }
 
 /// Why the daemon cannot start with the given configuration.
@@ -298,6 +305,7 @@ mod tests {
         let flags = Flags {
             device_split_count: Some(7),
             device_source: Some(DeviceSourceKind::Simulated),
+            log_format: Some(LogFormat::Json),
             ..Flags::default()
         };
         let s: Settings = layered(Some(file), &no_env, &flags).unwrap();

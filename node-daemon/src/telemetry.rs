@@ -1,22 +1,8 @@
-//! Process-level plumbing for the binary: the tracing subscriber (human or
-//! JSON lines, filtered by `RUST_LOG`, default `info`) and the termination
-//! signal future (SIGTERM or SIGINT).
+//! Process-level plumbing for the binary: the termination signal future
+//! (SIGTERM or SIGINT). The tracing subscriber is the shared
+//! [`telemetry::init`].
 
 use tracing::info;
-use tracing_subscriber::EnvFilter;
-
-/// Installs the global subscriber; a second call does nothing.
-pub fn init(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
-}
 
 /// Completes on SIGTERM or SIGINT. If the handlers cannot be installed it
 /// never completes (the process is then stopped by SIGKILL, as before).

@@ -4,6 +4,9 @@
 //!   generated at build time from the `.proto` files in `proto/proto/`.
 //! - [`hami`]: the HAMi scheduler ↔ device-plugin annotation protocol as pure
 //!   codecs (see `docs/protocol.md`).
+//! - [`accounting`]: how a pod's containers add up (app containers summed,
+//!   init containers at their peak), the one rule the scheduler and the node
+//!   both count by.
 //! - [`settings`]: layered configuration (defaults < file < env < flags) for
 //!   the binaries, merged purely from text the caller read.
 
@@ -34,5 +37,6 @@ pub mod podresources {
     }
 }
 
+pub mod accounting;
 pub mod hami;
 pub mod settings;

@@ -10,7 +10,7 @@
 //! removed, so a dead node is not re-requested every pass; the model offers
 //! no GPUs on a node so marked.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -21,6 +21,8 @@ use proto::hami::handshake::Handshake;
 use proto::hami::keys;
 use serde_json::json;
 use tracing::{info, warn};
+
+use crate::clock::unix_seconds;
 
 /// How long a `Requesting_` stamp counts as a fresh answer (HAMi: 60 s).
 pub const FRESH_SECS: i64 = 60;
@@ -80,11 +82,6 @@ pub fn is_leader(lease: &Lease, hostname: &str, now: SystemTime) -> bool {
     };
     let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
     held_by_us && renewed.0.as_second() + duration >= unix_seconds(now)
-}
-
-fn unix_seconds(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// The leader's periodic pass over every node, forever.
@@ -157,6 +154,8 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
     const NOW: i64 = 1_752_282_740; // 2025-07-12 01:12:20 UTC

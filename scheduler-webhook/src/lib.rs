@@ -3,6 +3,7 @@
 //! the same pure scheduling [`core`].
 
 pub mod cache;
+pub mod clock;
 pub mod core;
 pub mod events;
 pub mod extender;
@@ -12,6 +13,5 @@ pub mod quantity;
 pub mod serve;
 pub mod settings;
 pub mod simulate;
-pub mod telemetry;
 pub mod tls;
 pub mod webhook;

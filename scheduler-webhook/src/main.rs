@@ -98,7 +98,7 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::SUCCESS;
             }
-            scheduler_webhook::telemetry::init(settings.log_format == "json");
+            telemetry::init(settings.log_format);
             let served = actix_web::rt::System::new()
                 .block_on(scheduler_webhook::serve::run(settings, shutdown_signal()));
             match served {

@@ -1,5 +1,11 @@
 //! Kubernetes resource quantities (`3000`, `3k`, `1Gi`, `500m`) as whole
 //! numbers, the way HAMi reads its extended resources (`Quantity.Value()`).
+//!
+//! Written here on purpose: `k8s-openapi`'s `Quantity` is only the string,
+//! and kube-rs has no parser. The crates that parse quantities give a
+//! decimal or a float, not Go's `Value()` (a whole number, a fraction
+//! rounded up, an error rather than a saturated value on overflow), so we
+//! would still write that rule on top of them.
 
 /// A quantity string that is not a whole number we can use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

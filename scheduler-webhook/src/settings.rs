@@ -10,12 +10,9 @@ use std::path::PathBuf;
 
 use proto::hami::resources::ResourceNames;
 use serde::{Deserialize, Serialize};
+use telemetry::LogFormat;
 
-/// Node policies `nodeSchedulerPolicy` accepts in `serve` (`fgd` places
-/// for the live workload, see [`crate::cache::fragmentation`]).
-pub const NODE_POLICIES: &[&str] = &["binpack", "spread", "fgd", "bestfit", "random"];
-/// GPU policies `gpuSchedulerPolicy` accepts.
-pub const GPU_POLICIES: &[&str] = &["binpack", "spread"];
+use crate::core::kinds::{GpuPolicy, Policy};
 
 /// Every setting of `scheduler-webhook serve`, after layering.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,9 +35,10 @@ pub struct Settings {
     /// Extended resource names.
     #[serde(flatten)]
     pub resources: ResourceNames,
-    /// Default node policy.
+    /// Default node policy: one of [`Policy::ALL`] by name (`fgd` places
+    /// for the live workload, see [`crate::cache::fragmentation`]).
     pub node_scheduler_policy: String,
-    /// Default GPU policy.
+    /// Default GPU policy: one of [`GpuPolicy::ALL`] by name.
     pub gpu_scheduler_policy: String,
     /// MiB per GPU when a container asks for neither gpumem nor a percentage (0 = whole card).
     pub default_memory: u32,
@@ -52,7 +50,7 @@ pub struct Settings {
     /// Multiplier applied to `gpumem` requests.
     pub memory_factor: u32,
     /// Log output: `human` or `json`.
-    pub log_format: String,
+    pub log_format: LogFormat,
     /// Namespace of kube-scheduler's leader-election Lease (named after
     /// `schedulerName`); the replica whose kube-scheduler holds it writes
     /// the node handshake.
@@ -79,7 +77,7 @@ impl Default for Settings {
             default_cores: 0,
             default_gpu_num: 1,
             memory_factor: 1,
-            log_format: "human".to_owned(),
+            log_format: LogFormat::Human,
             lease_namespace: "kube-system".to_owned(),
             identity: None,
         }
@@ -122,9 +120,6 @@ pub enum InvalidSetting {
     /// An empty name.
     #[error("{0} must not be empty")]
     Empty(&'static str),
-    /// A log format we do not have.
-    #[error("logFormat must be human or json, got `{0}`")]
-    LogFormat(String),
 }
 
 /// Parses `host:port` or `:port` (all interfaces).
@@ -158,34 +153,37 @@ impl Settings {
         } else if self.tls_cert.is_none() || self.tls_key.is_none() {
             return Err(InvalidSetting::MissingTls);
         }
-        for (key, value, choices) in [
-            (
+        // Exact names only (the annotations also take other spellings).
+        let policy_error = |key, value: &String, choices| InvalidSetting::Policy {
+            key,
+            value: value.clone(),
+            choices,
+        };
+        if !Policy::ALL
+            .iter()
+            .any(|p| p.as_str() == self.node_scheduler_policy)
+        {
+            return Err(policy_error(
                 "nodeSchedulerPolicy",
                 &self.node_scheduler_policy,
-                NODE_POLICIES,
-            ),
-            (
+                Policy::choices(),
+            ));
+        }
+        if !GpuPolicy::ALL
+            .iter()
+            .any(|p| p.as_str() == self.gpu_scheduler_policy)
+        {
+            return Err(policy_error(
                 "gpuSchedulerPolicy",
                 &self.gpu_scheduler_policy,
-                GPU_POLICIES,
-            ),
-        ] {
-            if !choices.contains(&value.as_str()) {
-                return Err(InvalidSetting::Policy {
-                    key,
-                    value: value.clone(),
-                    choices: choices.join(", "),
-                });
-            }
+                GpuPolicy::choices(),
+            ));
         }
         if self.default_cores > 100 {
             return Err(InvalidSetting::Cores(self.default_cores));
         }
         if self.memory_factor == 0 {
             return Err(InvalidSetting::MemoryFactor);
-        }
-        if !["human", "json"].contains(&self.log_format.as_str()) {
-            return Err(InvalidSetting::LogFormat(self.log_format.clone()));
         }
         if self.scheduler_name.is_empty() {
             return Err(InvalidSetting::Empty("schedulerName"));
@@ -259,8 +257,12 @@ pub struct ServeFlags {
     #[arg(long)]
     pub resource_priority: Option<String>,
     /// Log output: human or json [default: human].
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Same as --log-format=json (the node-daemon's older flag, accepted by both).
     #[arg(long)]
-    pub log_format: Option<String>,
+    #[serde(skip)]
+    pub log_json: bool,
     /// Namespace of kube-scheduler's Lease [default: kube-system].
     #[arg(long)]
     pub lease_namespace: Option<String>,
@@ -285,7 +287,10 @@ pub enum ConfigError {
 /// # Errors
 /// A [`ConfigError`] with a one-line reason.
 pub fn load(file: Option<&std::path::Path>, flags: &ServeFlags) -> Result<Settings, ConfigError> {
-    let settings: Settings = proto::settings::load(file, flags)?;
+    let mut settings: Settings = proto::settings::load(file, flags)?;
+    if flags.log_json {
+        settings.log_format = LogFormat::Json;
+    }
     settings.validate()?;
     Ok(settings)
 }
@@ -334,7 +339,8 @@ mod tests {
             resource_mem_percentage: Some("a/pct".into()),
             resource_cores: Some("a/cores".into()),
             resource_priority: Some("a/prio".into()),
-            log_format: Some("json".into()),
+            log_format: Some(LogFormat::Json),
+            log_json: true,
             lease_namespace: Some("gpuslice".into()),
             identity: Some("sched-0".into()),
         };

@@ -12,8 +12,8 @@ use integration::fake_scheduler::{
 use tracing::{error, info};
 
 /// Schedules pending pods of one schedulerName like kube-scheduler with one
-/// extender: CPU/memory fit, POST <urlPrefix>/<filterVerb> with NodeNames,
-/// POST <urlPrefix>/<bindVerb>, FailedScheduling events, backoff 1 s → 10 s,
+/// extender: CPU/memory fit, POST `<urlPrefix>/<filterVerb>` with NodeNames,
+/// POST `<urlPrefix>/<bindVerb>`, FailedScheduling events, backoff 1 s → 10 s,
 /// leader election on a Lease in kube-system.
 #[derive(Debug, Parser)]
 #[command(name = "fake-scheduler", version)]
@@ -26,7 +26,7 @@ struct Args {
     #[arg(long, value_name = "NAME")]
     scheduler_name: Option<String>,
     /// Extender configuration, YAML or JSON: a whole
-    /// KubeSchedulerConfiguration (extenders[0] is used) or one extender
+    /// KubeSchedulerConfiguration (`extenders[0]` is used) or one extender
     /// entry (urlPrefix, filterVerb, bindVerb, nodeCacheCapable,
     /// httpTimeout, enableHTTPS, tlsConfig, managedResources, ignorable).
     /// Without it every pod is scheduled by the fake itself.

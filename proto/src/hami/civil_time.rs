@@ -9,12 +9,21 @@
 //! - the ≤v2.4 handshake layout `2006.01.02 15:04:05`;
 //! - `time.RFC3339`, `2006-01-02T15:04:05Z07:00` (node lock).
 //!
+//! The calendar (leap years, month lengths, unix conversion) and the
+//! formatting are `jiff`'s; what stays here is HAMi's layouts. They are read
+//! byte by byte because Go's `01`/`02`/`15` fields are exactly two digits
+//! while `jiff`'s `%m`/`%d`/`%H` also read one, and our errors name the field
+//! out of range.
+//!
 //! It does not own a clock: callers pass "now" in as unix seconds.
 
 use std::fmt;
 
-/// Seconds in a day.
-const SECS_PER_DAY: i64 = 86_400;
+use jiff::SignedDuration;
+use jiff::civil::{Date, DateTime};
+
+/// 1970-01-01 00:00:00, the unix epoch read as UTC.
+const UNIX_EPOCH: DateTime = DateTime::constant(1970, 1, 1, 0, 0, 0, 0);
 
 /// Why a date-time could not be parsed or built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,14 +58,7 @@ pub enum TimeError {
 ///
 /// Conversions to unix seconds read it as UTC. Ordering is chronological.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CivilDateTime {
-    year: u16,
-    month: u8,
-    day: u8,
-    hour: u8,
-    minute: u8,
-    second: u8,
-}
+pub struct CivilDateTime(DateTime);
 
 // === impl CivilDateTime ===
 
@@ -73,25 +75,23 @@ impl CivilDateTime {
         minute: u8,
         second: u8,
     ) -> Result<Self, TimeError> {
-        check_range("year", i64::from(year), 0, 9999)?;
-        check_range("month", i64::from(month), 1, 12)?;
-        check_range(
-            "day",
-            i64::from(day),
-            1,
-            i64::from(days_in_month(year, month)),
-        )?;
-        check_range("hour", i64::from(hour), 0, 23)?;
-        check_range("minute", i64::from(minute), 0, 59)?;
-        check_range("second", i64::from(second), 0, 59)?;
-        Ok(Self {
-            year,
-            month,
-            day,
-            hour,
-            minute,
-            second,
-        })
+        let year = check_range("year", year, 0, 9999)?;
+        let month = check_range("month", month, 1, 12)?;
+        // Year and month are valid here, so the fallback is never taken.
+        let days_in_month = Date::new(year, month, 1).map_or(31, Date::days_in_month);
+        let day = check_range("day", day, 1, days_in_month)?;
+        let hour = check_range("hour", hour, 0, 23)?;
+        let minute = check_range("minute", minute, 0, 59)?;
+        let second = check_range("second", second, 0, 59)?;
+        // Every field was checked above; jiff checks them again.
+        DateTime::new(year, month, day, hour, minute, second, 0)
+            .map(Self)
+            .map_err(|_| TimeError::FieldRange {
+                field: "day",
+                value: i64::from(day),
+                min: 1,
+                max: i64::from(days_in_month),
+            })
     }
 
     /// The date-time at `secs` seconds after 1970-01-01 00:00:00 UTC.
@@ -102,31 +102,18 @@ impl CivilDateTime {
         if !(Self::MIN_UNIX..=Self::MAX_UNIX).contains(&secs) {
             return Err(TimeError::UnixRange(secs));
         }
-        let days = secs.div_euclid(SECS_PER_DAY);
-        let rem = secs.rem_euclid(SECS_PER_DAY);
-        let (year, month, day) = civil_from_days(days);
-        let out_of_range = || TimeError::UnixRange(secs);
-        Ok(Self {
-            year: u16::try_from(year).map_err(|_| out_of_range())?,
-            month: u8::try_from(month).map_err(|_| out_of_range())?,
-            day: u8::try_from(day).map_err(|_| out_of_range())?,
-            hour: u8::try_from(rem / 3600).map_err(|_| out_of_range())?,
-            minute: u8::try_from(rem % 3600 / 60).map_err(|_| out_of_range())?,
-            second: u8::try_from(rem % 60).map_err(|_| out_of_range())?,
-        })
+        UNIX_EPOCH
+            .checked_add(SignedDuration::from_secs(secs))
+            .map(Self)
+            .map_err(|_| TimeError::UnixRange(secs))
     }
 
     /// Seconds since 1970-01-01 00:00:00 UTC, reading this date-time as UTC.
     #[must_use]
     pub fn to_unix_seconds(&self) -> i64 {
-        days_from_civil(
-            i64::from(self.year),
-            i64::from(self.month),
-            i64::from(self.day),
-        ) * SECS_PER_DAY
-            + i64::from(self.hour) * 3600
-            + i64::from(self.minute) * 60
-            + i64::from(self.second)
+        // Civil arithmetic, not jiff's `Timestamp`: that stops a day short
+        // of 9999-12-31 so that every offset stays representable.
+        self.0.duration_since(UNIX_EPOCH).as_secs()
     }
 
     /// Smallest unix time representable: 0000-01-01 00:00:00 UTC.
@@ -137,32 +124,32 @@ impl CivilDateTime {
     /// Year, 0–9999.
     #[must_use]
     pub fn year(&self) -> u16 {
-        self.year
+        u16::try_from(self.0.year()).unwrap_or(0)
     }
     /// Month, 1–12.
     #[must_use]
     pub fn month(&self) -> u8 {
-        self.month
+        self.0.month().unsigned_abs()
     }
     /// Day of the month, 1–31.
     #[must_use]
     pub fn day(&self) -> u8 {
-        self.day
+        self.0.day().unsigned_abs()
     }
     /// Hour, 0–23.
     #[must_use]
     pub fn hour(&self) -> u8 {
-        self.hour
+        self.0.hour().unsigned_abs()
     }
     /// Minute, 0–59.
     #[must_use]
     pub fn minute(&self) -> u8 {
-        self.minute
+        self.0.minute().unsigned_abs()
     }
     /// Second, 0–59 (no leap seconds, like Go).
     #[must_use]
     pub fn second(&self) -> u8 {
-        self.second
+        self.0.second().unsigned_abs()
     }
 
     /// Parses Go's `time.DateTime` layout, `2006-01-02 15:04:05`.
@@ -220,10 +207,7 @@ impl CivilDateTime {
     /// Formats as Go's `time.RFC3339` in UTC: `2025-10-20T03:07:02Z`.
     #[must_use]
     pub fn to_rfc3339_utc(&self) -> String {
-        format!(
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-            self.year, self.month, self.day, self.hour, self.minute, self.second
-        )
+        self.0.strftime(RFC3339_UTC_FORMAT).to_string()
     }
 
     fn parse_with_separators(
@@ -284,11 +268,7 @@ impl CivilDateTime {
 /// Formats as Go's `time.DateTime`: `2025-07-12 01:12:20`.
 impl fmt::Display for CivilDateTime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
-            self.year, self.month, self.day, self.hour, self.minute, self.second
-        )
+        write!(f, "{}", self.0.strftime(DATE_TIME_FORMAT))
     }
 }
 
@@ -303,10 +283,14 @@ impl std::str::FromStr for CivilDateTime {
 
 /// Go's `time.DateTime` layout.
 const DATE_TIME_LAYOUT: &str = "2006-01-02 15:04:05";
+/// The same layout as a `jiff` format description.
+const DATE_TIME_FORMAT: &str = "%Y-%m-%d %H:%M:%S";
 /// The ≤v2.4 handshake layout.
 const DOTTED_LAYOUT: &str = "2006.01.02 15:04:05";
 /// Go's `time.RFC3339` layout.
 const RFC3339_LAYOUT: &str = "2006-01-02T15:04:05Z07:00";
+/// Go's `time.RFC3339` of a UTC time as a `jiff` format description.
+const RFC3339_UTC_FORMAT: &str = "%Y-%m-%dT%H:%M:%SZ";
 
 /// Builds a layout error quoting at most 64 characters of `found`.
 fn layout_error(layout: &'static str, found: &str) -> TimeError {
@@ -316,16 +300,23 @@ fn layout_error(layout: &'static str, found: &str) -> TimeError {
     }
 }
 
-fn check_range(field: &'static str, value: i64, min: i64, max: i64) -> Result<(), TimeError> {
-    if (min..=max).contains(&value) {
-        Ok(())
+/// `value` as jiff's field type when it lies in `min..=max`.
+fn check_range<T, U>(field: &'static str, value: T, min: U, max: U) -> Result<U, TimeError>
+where
+    T: Copy + Into<i64>,
+    U: Copy + Into<i64> + TryFrom<i64>,
+{
+    let (v, lo, hi) = (value.into(), min.into(), max.into());
+    let out_of_range = || TimeError::FieldRange {
+        field,
+        value: v,
+        min: lo,
+        max: hi,
+    };
+    if (lo..=hi).contains(&v) {
+        U::try_from(v).map_err(|_| out_of_range())
     } else {
-        Err(TimeError::FieldRange {
-            field,
-            value,
-            min,
-            max,
-        })
+        Err(out_of_range())
     }
 }
 
@@ -336,45 +327,6 @@ pub(crate) fn two_digits(hi: u8, lo: u8) -> Option<u8> {
     } else {
         None
     }
-}
-
-fn is_leap(year: u16) -> bool {
-    (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400)
-}
-
-fn days_in_month(year: u16, month: u8) -> u8 {
-    match month {
-        2 if is_leap(year) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
-/// algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01, as (year, month, day).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]
@@ -447,6 +399,20 @@ mod tests {
             "0000-01-01T00:00:00+01:00",
         ] {
             assert!(CivilDateTime::parse_rfc3339(bad).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Every second of 0000-9999 goes to a date-time and back, and
+        /// through both text layouts, unchanged.
+        #[test]
+        fn unix_seconds_and_layouts_round_trip(
+            secs in CivilDateTime::MIN_UNIX..=CivilDateTime::MAX_UNIX,
+        ) {
+            let t = CivilDateTime::from_unix_seconds(secs).unwrap();
+            proptest::prop_assert_eq!(t.to_unix_seconds(), secs);
+            proptest::prop_assert_eq!(CivilDateTime::parse_date_time(&t.to_string()).unwrap(), t);
+            proptest::prop_assert_eq!(CivilDateTime::parse_rfc3339(&t.to_rfc3339_utc()).unwrap(), t);
         }
     }
 }

@@ -737,7 +737,7 @@ mod tests {
         r.constraints.numa_bind = true;
         assert!(!order_independent(&r));
         r.constraints.numa_bind = false;
-        r.constraints.quota = Some(crate::core::quota::QuotaRoom::default());
+        r.constraints.quota = Some(crate::core::request::QuotaRoom::default());
         assert!(!order_independent(&r));
     }
 

@@ -10,8 +10,6 @@ use std::collections::HashMap;
 
 use proto::hami::register::NodeDevice;
 
-use crate::core::reservation::Ledger;
-
 /// Index of a node in [`Cluster::nodes`].
 pub type NodeId = usize;
 
@@ -49,6 +47,24 @@ pub struct GpuUse {
     pub usedmem: u64,
     /// Cores taken, percent.
     pub usedcores: u32,
+}
+
+impl proto::accounting::Amount for GpuUse {
+    fn plus(self, other: Self) -> Self {
+        Self {
+            used: self.used.saturating_add(other.used),
+            usedmem: self.usedmem.saturating_add(other.usedmem),
+            usedcores: self.usedcores.saturating_add(other.usedcores),
+        }
+    }
+
+    fn peak(self, other: Self) -> Self {
+        Self {
+            used: self.used.max(other.used),
+            usedmem: self.usedmem.max(other.usedmem),
+            usedcores: self.usedcores.max(other.usedcores),
+        }
+    }
 }
 
 /// CPU and memory a node offers to pods (the simulator checks them; the
@@ -152,6 +168,28 @@ impl Node {
         self.free_cpu_memory()
             .is_none_or(|(cpu, mem)| cpu_milli <= cpu && memory_mib <= mem)
     }
+}
+
+/// What one pod holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodUsage {
+    /// The node.
+    pub node: NodeId,
+    /// Per GPU position on the node, what the pod holds there.
+    pub gpus: Vec<(usize, GpuUse)>,
+    /// CPU, milli-cores.
+    pub cpu_milli: u64,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+    /// Whether the pod is bound (committed) rather than only reserved.
+    pub committed: bool,
+}
+
+/// Pods by UID: the usage recorded in each [`Node`] is the sum of these.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ledger {
+    /// What each pod holds; changed only by [`crate::core::reservation`].
+    pub(crate) pods: HashMap<String, PodUsage>,
 }
 
 /// Every node the scheduler knows, with the pod ledger that produced their

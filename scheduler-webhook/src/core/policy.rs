@@ -13,130 +13,16 @@
 //! Ties between nodes break with the caller's seeded generator, so a run is
 //! reproducible.
 
-use std::fmt;
-use std::str::FromStr;
-
 use proto::hami::pod_devices::{ContainerDevice, PodDevices};
 
 use crate::core::fgd::FgdIndex;
+pub use crate::core::kinds::{GpuPolicy, Policy, PolicyError};
+
 use crate::core::fit::{FitFailure, PodPicks, check_pod, fit_pod, order_independent};
 use crate::core::model::{Cluster, Node, NodeId};
 use crate::core::request::PodRequest;
 use crate::core::rng::{SplitMix64, TieBreak};
 use crate::core::score::{ScoringWeights, gpu_order_into, node_score};
-
-/// Errors reading a policy name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PolicyError {
-    /// Not a policy this scheduler knows.
-    #[error("unknown scheduling policy {0:?} (binpack, spread, fgd, bestfit, random)")]
-    Unknown(String),
-    /// A HAMi GPU policy this scheduler does not implement.
-    #[error("GPU scheduling policy {0:?} is not supported (binpack, spread)")]
-    Unsupported(String),
-}
-
-/// How to choose the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Policy {
-    /// HAMi binpack: the fullest node.
-    Binpack,
-    /// HAMi spread: the emptiest node.
-    Spread,
-    /// Fragmentation gradient descent.
-    Fgd,
-    /// Smallest leftover after placement.
-    BestFit,
-    /// Uniformly random.
-    Random,
-}
-
-impl Policy {
-    /// Every policy.
-    pub const ALL: [Self; 5] = [
-        Self::Binpack,
-        Self::Spread,
-        Self::Fgd,
-        Self::BestFit,
-        Self::Random,
-    ];
-
-    /// The name used on the command line and in annotations.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Binpack => "binpack",
-            Self::Spread => "spread",
-            Self::Fgd => "fgd",
-            Self::BestFit => "bestfit",
-            Self::Random => "random",
-        }
-    }
-}
-
-impl fmt::Display for Policy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Policy {
-    type Err = PolicyError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == t)
-            .or(if t == "best-fit" {
-                Some(Self::BestFit)
-            } else {
-                None
-            })
-            .ok_or_else(|| PolicyError::Unknown(s.to_owned()))
-    }
-}
-
-/// How to order GPUs inside a node (HAMi `gpu-scheduler-policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GpuPolicy {
-    /// The fullest GPU first.
-    Binpack,
-    /// The emptiest GPU first (HAMi's default).
-    Spread,
-}
-
-impl fmt::Display for GpuPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Binpack => "binpack",
-            Self::Spread => "spread",
-        })
-    }
-}
-
-impl FromStr for GpuPolicy {
-    type Err = PolicyError;
-
-    /// `binpack`, `spread`, or a comma chain whose entries are all one of
-    /// them (the first wins). HAMi's `mutex`, `topology-aware` and `numa`
-    /// are refused rather than silently ignored.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut first = None;
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let p = match part.to_ascii_lowercase().as_str() {
-                "binpack" => Self::Binpack,
-                "spread" => Self::Spread,
-                "mutex" | "topology-aware" | "numa" => {
-                    return Err(PolicyError::Unsupported(part.to_owned()));
-                }
-                _ => return Err(PolicyError::Unknown(part.to_owned())),
-            };
-            first.get_or_insert(p);
-        }
-        first.ok_or_else(|| PolicyError::Unknown(s.to_owned()))
-    }
-}
 
 /// Cluster-wide policy choice (a pod's annotations override it).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -856,21 +742,6 @@ mod tests {
         for n in seen {
             assert!((800..1200).contains(&n), "{seen:?}");
         }
-    }
-
-    #[test]
-    fn policy_names_parse() {
-        assert_eq!("BestFit".parse::<Policy>().unwrap(), Policy::BestFit);
-        assert!("dotprod".parse::<Policy>().is_err());
-        assert_eq!(
-            "spread,binpack".parse::<GpuPolicy>().unwrap(),
-            GpuPolicy::Spread
-        );
-        assert!(matches!(
-            "binpack,numa".parse::<GpuPolicy>(),
-            Err(PolicyError::Unsupported(_))
-        ));
-        assert!("".parse::<GpuPolicy>().is_err());
     }
 
     proptest::proptest! {

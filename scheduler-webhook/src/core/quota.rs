@@ -8,8 +8,9 @@
 //!
 //! A pod uses, per key, the larger of its app containers summed and its
 //! largest init container (init containers run one at a time before the app
-//! containers), each container counting its amount per GPU times its GPU
-//! count; this is the effective pod request Kubernetes charges to a quota.
+//! containers; the rule is [`proto::accounting`]), each container counting
+//! its amount per GPU times its GPU count; this is the effective pod request
+//! Kubernetes charges to a quota.
 //!
 //! [`QuotaBook`] holds the limits and what every pod (reserved or allocated)
 //! is charged, keyed by pod UID so a charge is replaced, never doubled, and
@@ -23,43 +24,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+use proto::accounting::{Amount, Role, pod_total};
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::resources::ResourceNames;
 
+pub use crate::core::request::QuotaRoom;
 use crate::core::request::{DeviceRequest, MemoryRequest, PodRequest};
-
-/// What is left for one pod in its namespace; `None` is unlimited.
-/// Memory is device MiB (after `memoryFactor`), cores are percent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct QuotaRoom {
-    /// Memory left, MiB.
-    pub memory_mib: Option<u64>,
-    /// Cores left, percent.
-    pub cores: Option<u64>,
-}
-
-impl QuotaRoom {
-    /// Whether a pick of `mem` MiB and `cores` percent fits.
-    #[must_use]
-    pub fn admits(&self, mem: u64, cores: u32) -> bool {
-        self.memory_mib.is_none_or(|m| mem <= m) && self.cores.is_none_or(|c| u64::from(cores) <= c)
-    }
-
-    /// Takes a pick out of the room when it fits; `false` (and no change)
-    /// when it does not.
-    pub fn take(&mut self, mem: u64, cores: u32) -> bool {
-        if !self.admits(mem, cores) {
-            return false;
-        }
-        if let Some(m) = self.memory_mib.as_mut() {
-            *m -= mem;
-        }
-        if let Some(c) = self.cores.as_mut() {
-            *c -= u64::from(cores);
-        }
-        true
-    }
-}
 
 /// The limits one `ResourceQuota` (or the tightest of several) sets on our
 /// two keys, as written (memory not yet scaled by `memoryFactor`).
@@ -101,18 +71,11 @@ pub struct QuotaUse {
     pub cores: u64,
 }
 
-impl QuotaUse {
+impl Amount for QuotaUse {
     fn plus(self, other: Self) -> Self {
         Self {
             memory_mib: self.memory_mib.saturating_add(other.memory_mib),
             cores: self.cores.saturating_add(other.cores),
-        }
-    }
-
-    fn minus(self, other: Self) -> Self {
-        Self {
-            memory_mib: self.memory_mib.saturating_sub(other.memory_mib),
-            cores: self.cores.saturating_sub(other.cores),
         }
     }
 
@@ -122,19 +85,24 @@ impl QuotaUse {
             cores: self.cores.max(other.cores),
         }
     }
+}
+
+impl QuotaUse {
+    fn minus(self, other: Self) -> Self {
+        Self {
+            memory_mib: self.memory_mib.saturating_sub(other.memory_mib),
+            cores: self.cores.saturating_sub(other.cores),
+        }
+    }
 
     /// The effective use of containers given as per-container uses, the
-    /// first `init_count` being init containers.
+    /// first `init_count` being init containers ([`proto::accounting`]).
     fn effective(per_container: impl Iterator<Item = Self>, init_count: usize) -> Self {
-        let (mut init, mut app) = (Self::default(), Self::default());
-        for (i, u) in per_container.enumerate() {
-            if i < init_count {
-                init = init.peak(u);
-            } else {
-                app = app.plus(u);
-            }
-        }
-        init.peak(app)
+        pod_total(
+            per_container
+                .enumerate()
+                .map(|(i, u)| (Role::of_index(i, init_count), u)),
+        )
     }
 
     /// What an allocation uses: every slice of every container (init

@@ -12,8 +12,7 @@ use std::collections::BTreeMap;
 
 use proto::hami::resources::ResourceNames;
 
-use crate::core::policy::{GpuPolicy, Policy, PolicyError};
-use crate::core::quota::QuotaRoom;
+use crate::core::kinds::{GpuPolicy, Policy, PolicyError};
 
 /// `nvidia.com/use-gputype`: comma list, case-insensitive substring match.
 pub const USE_GPU_TYPE: &str = "nvidia.com/use-gputype";
@@ -202,6 +201,42 @@ impl Constraints {
     pub fn uuid_allows(&self, uuid: &str) -> bool {
         (self.use_uuids.is_empty() || self.use_uuids.iter().any(|u| u == uuid))
             && !self.nouse_uuids.iter().any(|u| u == uuid)
+    }
+}
+
+/// What is left for one pod in its namespace quota; `None` is unlimited.
+/// Built by [`crate::core::quota::QuotaBook::room`]; it lives here, with
+/// the other constraints on a pick, so a request does not depend on the
+/// quota book.
+/// Memory is device MiB (after `memoryFactor`), cores are percent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QuotaRoom {
+    /// Memory left, MiB.
+    pub memory_mib: Option<u64>,
+    /// Cores left, percent.
+    pub cores: Option<u64>,
+}
+
+impl QuotaRoom {
+    /// Whether a pick of `mem` MiB and `cores` percent fits.
+    #[must_use]
+    pub fn admits(&self, mem: u64, cores: u32) -> bool {
+        self.memory_mib.is_none_or(|m| mem <= m) && self.cores.is_none_or(|c| u64::from(cores) <= c)
+    }
+
+    /// Takes a pick out of the room when it fits; `false` (and no change)
+    /// when it does not.
+    pub fn take(&mut self, mem: u64, cores: u32) -> bool {
+        if !self.admits(mem, cores) {
+            return false;
+        }
+        if let Some(m) = self.memory_mib.as_mut() {
+            *m -= mem;
+        }
+        if let Some(c) = self.cores.as_mut() {
+            *c -= u64::from(cores);
+        }
+        true
     }
 }
 

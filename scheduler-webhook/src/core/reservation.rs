@@ -6,12 +6,13 @@
 //! A pod's usage per GPU: its app containers summed (one slot each), its
 //! init containers at their peak (one slot); a pod holds the larger of the
 //! two per dimension, since init containers finish before app containers
-//! start — the same view [`crate::core::fit::fit_pod`] takes.
+//! start — the rule of [`proto::accounting`], which the node's ledger counts
+//! by too, and the view [`crate::core::fit::fit_pod`] takes.
 
-use std::collections::HashMap;
-
+use proto::accounting::{PodAmount, Role};
 use proto::hami::pod_devices::PodDevices;
 
+pub use crate::core::model::PodUsage;
 use crate::core::model::{Cluster, GpuUse, Node, NodeId};
 
 /// Errors changing the ledger.
@@ -45,29 +46,11 @@ pub enum ReservationError {
     UnknownPod(String),
 }
 
-/// What one pod holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodUsage {
-    /// The node.
-    pub node: NodeId,
-    /// Per GPU position on the node, what the pod holds there.
-    pub gpus: Vec<(usize, GpuUse)>,
-    /// CPU, milli-cores.
-    pub cpu_milli: u64,
-    /// Memory, MiB.
-    pub memory_mib: u64,
-    /// Whether the pod is bound (committed) rather than only reserved.
-    pub committed: bool,
-}
-
-/// Pods by UID.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Ledger {
-    pods: HashMap<String, PodUsage>,
-}
-
 /// A pod's usage per GPU position from its device annotation, where the
-/// first `init_count` containers are init containers.
+/// first `init_count` containers are init containers: on each GPU, the
+/// containers' slices (one slot each) counted by [`proto::accounting`].
+/// Positions are listed as app containers first use them, then those only
+/// init containers use.
 ///
 /// # Errors
 /// A UUID not on the node, or a negative amount.
@@ -76,9 +59,10 @@ pub fn pod_gpu_usage(
     devices: &PodDevices,
     init_count: usize,
 ) -> Result<Vec<(usize, GpuUse)>, ReservationError> {
-    let mut init: Vec<(usize, GpuUse)> = Vec::new();
-    let mut app: Vec<(usize, GpuUse)> = Vec::new();
+    let mut per_gpu: Vec<(usize, PodAmount<GpuUse>)> = Vec::new();
+    let (mut app_order, mut init_order) = (Vec::new(), Vec::new());
     for (i, container) in devices.0.iter().enumerate() {
+        let role = Role::of_index(i, init_count);
         for d in container {
             let pos = node
                 .gpu_position(&d.uuid)
@@ -86,41 +70,43 @@ pub fn pod_gpu_usage(
                     node: node.name.clone(),
                     uuid: d.uuid.clone(),
                 })?;
-            let (Ok(mem), Ok(cores)) = (u64::try_from(d.usedmem), u32::try_from(d.usedcores))
+            let (Ok(usedmem), Ok(usedcores)) =
+                (u64::try_from(d.usedmem), u32::try_from(d.usedcores))
             else {
                 return Err(ReservationError::Negative(d.uuid.clone()));
             };
-            let list = if i < init_count { &mut init } else { &mut app };
-            let entry = match list.iter_mut().find(|(p, _)| *p == pos) {
-                Some((_, u)) => u,
-                None => {
-                    list.push((pos, GpuUse::default()));
-                    let last = list.len() - 1;
-                    &mut list[last].1
-                }
+            let slice = GpuUse {
+                used: 1,
+                usedmem,
+                usedcores,
             };
-            if i < init_count {
-                entry.used = 1;
-                entry.usedmem = entry.usedmem.max(mem);
-                entry.usedcores = entry.usedcores.max(cores);
-            } else {
-                entry.used += 1;
-                entry.usedmem += mem;
-                entry.usedcores = entry.usedcores.saturating_add(cores);
+            match per_gpu.iter_mut().find(|(p, _)| *p == pos) {
+                Some((_, pod)) => pod.add(role, slice),
+                None => per_gpu.push((pos, [(role, slice)].into_iter().collect())),
+            }
+            let order = match role {
+                Role::Init => &mut init_order,
+                Role::App => &mut app_order,
+            };
+            if !order.contains(&pos) {
+                order.push(pos);
             }
         }
     }
-    for (pos, u) in init {
-        match app.iter_mut().find(|(p, _)| *p == pos) {
-            Some((_, a)) => {
-                a.used = a.used.max(u.used);
-                a.usedmem = a.usedmem.max(u.usedmem);
-                a.usedcores = a.usedcores.max(u.usedcores);
-            }
-            None => app.push((pos, u)),
-        }
-    }
-    Ok(app)
+    let only_init: Vec<usize> = init_order
+        .into_iter()
+        .filter(|p| !app_order.contains(p))
+        .collect();
+    Ok(app_order
+        .into_iter()
+        .chain(only_init)
+        .filter_map(|pos| {
+            per_gpu
+                .iter()
+                .find(|(p, _)| *p == pos)
+                .map(|(_, pod)| (pos, pod.total()))
+        })
+        .collect())
 }
 
 fn add_usage(node: &mut Node, p: &PodUsage) {

@@ -7,8 +7,8 @@
 
 use std::cmp::Ordering;
 
+use crate::core::kinds::GpuPolicy;
 use crate::core::model::Node;
-use crate::core::policy::GpuPolicy;
 use crate::core::request::PodRequest;
 
 /// Weights of the GPU score (`hami.io/device-scoring-weights`), 1 each by

@@ -2,7 +2,7 @@
 //! full rollback on any failure. The only extender code that talks to the
 //! API server.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::lock::{LockState, classify, holder_needs_lock};
 use super::wire::ExtenderBindingArgs;
 use crate::cache::owner::{Command, ModelHandle};
+use crate::clock::now_unix;
 
 /// How long a bind waits for another pod's node lock; well inside
 /// kube-scheduler's 30 s extender timeout.
@@ -67,12 +68,6 @@ pub enum BindFailure {
     /// A value could not be encoded.
     #[error("{0}")]
     Encode(String),
-}
-
-fn now_unix() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// Binds a pod: takes the node lock, writes the allocation annotations in
