@@ -38,7 +38,7 @@ fn phase(pod: &Pod) -> &str {
         .unwrap_or_default()
 }
 
-/// Two GPU slice pods, created through the real apiserver (our webhook
+/// Two real kubelets (one mount namespace each). Two GPU slice pods, created through the real apiserver (our webhook
 /// routes them to our scheduler), scheduled by the real kube-scheduler
 /// through our extender (filter and bind), are admitted by the real kubelet,
 /// which calls Allocate on our node-daemon: both end Running, the kubelet's
@@ -58,7 +58,7 @@ async fn gpu_slice_pods_run_on_the_real_kubelet() {
     }
     let (gpus, split) = (2, 4);
     let cluster = Cluster::start(ClusterSpec {
-        nodes: 1,
+        nodes: 2,
         gpus_per_node: gpus,
         split_count: split,
         control_plane: ControlPlaneKind::Real,
@@ -83,30 +83,32 @@ async fn gpu_slice_pods_run_on_the_real_kubelet() {
     // node-daemon's register annotation; kube-controller-manager lifted
     // the not-ready taint.
     let client = cluster.client().await.unwrap();
-    let node = Api::<Node>::all(client.clone())
-        .get("gpu-node-0")
-        .await
-        .unwrap();
-    let status = node.status.clone().unwrap();
-    let info = status.node_info.unwrap();
-    assert_eq!(info.kubelet_version, kubernetes_version());
-    assert!(
-        info.container_runtime_version.starts_with("fakeRuntime://"),
-        "{info:?}"
-    );
-    assert_eq!(
-        status.allocatable.unwrap()["nvidia.com/gpu"].0,
-        (gpus * split).to_string()
-    );
-    assert!(
-        status.addresses.unwrap_or_default().is_empty(),
-        "nothing may dial the node"
-    );
-    let register =
-        &node.metadata.annotations.clone().unwrap_or_default()["hami.io/node-nvidia-register"];
-    let devices: Vec<serde_json::Value> = serde_json::from_str(register).unwrap();
-    assert_eq!(devices.len(), gpus as usize, "{register}");
-    assert!(node_schedulable(&node), "{:?}", node.spec);
+    for real in &cluster.real_nodes {
+        let node = Api::<Node>::all(client.clone())
+            .get(&real.name)
+            .await
+            .unwrap();
+        let status = node.status.clone().unwrap();
+        let info = status.node_info.unwrap();
+        assert_eq!(info.kubelet_version, kubernetes_version());
+        assert!(
+            info.container_runtime_version.starts_with("fakeRuntime://"),
+            "{info:?}"
+        );
+        assert_eq!(
+            status.allocatable.unwrap()["nvidia.com/gpu"].0,
+            (gpus * split).to_string()
+        );
+        assert!(
+            status.addresses.unwrap_or_default().is_empty(),
+            "nothing may dial the node"
+        );
+        let register =
+            &node.metadata.annotations.clone().unwrap_or_default()["hami.io/node-nvidia-register"];
+        let devices: Vec<serde_json::Value> = serde_json::from_str(register).unwrap();
+        assert_eq!(devices.len(), gpus as usize, "{register}");
+        assert!(node_schedulable(&node), "{:?}", node.spec);
+    }
 
     let limits = [("3000", "30"), ("5000", "50")];
     for (i, (mem, cores)) in limits.iter().enumerate() {
@@ -121,7 +123,6 @@ async fn gpu_slice_pods_run_on_the_real_kubelet() {
             "the webhook routed it"
         );
     }
-    let real = &cluster.real_nodes[0];
     let mut running = Vec::new();
     for (i, (mem, cores)) in limits.iter().enumerate() {
         let name = format!("slice-{i}");
@@ -129,10 +130,21 @@ async fn gpu_slice_pods_run_on_the_real_kubelet() {
             matches!(phase(p), "Running" | "Failed")
         })
         .await
-        .unwrap_or_else(|e| panic!("{name}: {e}\n{}", real.kubelet.log_tails()));
+        .unwrap_or_else(|e| {
+            let logs: Vec<String> = cluster
+                .real_nodes
+                .iter()
+                .map(|n| n.kubelet.log_tails())
+                .collect();
+            panic!("{name}: {e}\n{}", logs.join("\n"))
+        });
         assert_eq!(phase(&pod), "Running", "{name}: {:#?}", pod.status);
         let a = pod.metadata.annotations.clone().unwrap_or_default();
-        assert_eq!(a["hami.io/vgpu-node"], "gpu-node-0");
+        assert_eq!(
+            Some(a["hami.io/vgpu-node"].as_str()),
+            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            "bound where our extender placed it"
+        );
         assert_eq!(
             a["hami.io/bind-phase"], "success",
             "node-daemon's Allocate finished it"
@@ -153,8 +165,14 @@ async fn gpu_slice_pods_run_on_the_real_kubelet() {
 
     // What the kubelet would hand the container: node-daemon's Allocate
     // reply, from the kubelet's own checkpoint.
-    let checkpoint = real.kubelet.checkpoint().unwrap().expect("a checkpoint");
     for (pod, mem, cores) in &running {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let real = cluster
+            .real_nodes
+            .iter()
+            .find(|n| Some(n.name.as_str()) == node)
+            .unwrap();
+        let checkpoint = real.kubelet.checkpoint().unwrap().expect("a checkpoint");
         let uid = pod.metadata.uid.as_deref().unwrap();
         let entry = checkpoint
             .data

@@ -325,7 +325,21 @@ impl RealKubelet {
     /// # Errors
     /// The file is unreadable or not the checkpoint format.
     pub fn checkpoint(&self) -> std::io::Result<Option<Checkpoint>> {
-        Checkpoint::read(&self.device_plugin_dir.join(CHECKPOINT_FILE))
+        let bytes = match std::fs::read(self.device_plugin_dir.join(CHECKPOINT_FILE)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
+        // Go writes an empty slice or map as `null` (a node with no
+        // allocation yet).
+        if let Some(data) = value.get_mut("Data").and_then(|d| d.as_object_mut()) {
+            data.retain(|_, v| !v.is_null());
+        }
+        serde_json::from_value(value)
+            .map(Some)
+            .map_err(std::io::Error::other)
     }
 
     /// The kubelet's log file.
