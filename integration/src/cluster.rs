@@ -63,6 +63,20 @@ pub struct ClusterSpec {
     pub node_memory: String,
     /// Which control plane runs the cluster.
     pub control_plane: ControlPlaneKind,
+    /// Which kubelet runs each node.
+    pub kubelet: KubeletKind,
+}
+
+/// Which kubelet runs a [`Cluster`]'s nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KubeletKind {
+    /// The in-process stand-in ([`FakeKubelet`] and its node agent).
+    #[default]
+    Fake,
+    /// The real kubelet on the Kubernetes project's fake CRI runtime, one
+    /// mount namespace per node ([`crate::real::kubelet`]); needs the real
+    /// control plane.
+    Real,
 }
 
 /// Which control plane a [`Cluster`] runs on.
@@ -130,6 +144,7 @@ impl Default for ClusterSpec {
             node_cpu: "64".to_owned(),
             node_memory: "512Gi".to_owned(),
             control_plane: ControlPlaneKind::Fake,
+            kubelet: KubeletKind::Fake,
         }
     }
 }
@@ -252,8 +267,10 @@ pub struct Cluster {
     pub webhook_url: String,
     /// Its metrics URL.
     pub metrics_url: String,
-    /// The simulated nodes.
+    /// The simulated nodes run by the fake kubelet.
     pub nodes: Vec<NodeHandle>,
+    /// The simulated nodes run by the real kubelet ([`KubeletKind::Real`]).
+    pub real_nodes: Vec<RealNode>,
     scheduler: Service,
     plane: Plane,
     tls: (PathBuf, PathBuf),
@@ -340,6 +357,7 @@ fn start_node_daemon(
     kubeconfig: &Path,
     name: &str,
     dir: &Path,
+    metrics: Option<SocketAddr>,
 ) -> Result<(Service, HealthSwitch), ClusterError> {
     use node_daemon::daemon::{Daemon, kube_client, run};
     use node_daemon::settings::{DeviceSourceKind, Settings};
@@ -353,7 +371,7 @@ fn start_node_daemon(
         simulated_gpu_model: spec.gpu_model.clone(),
         simulated_gpu_memory_mib: spec.gpu_memory_mib,
         device_split_count: spec.split_count,
-        metrics_bind_address: None,
+        metrics_bind_address: metrics,
         hook_path: dir.join("hook"),
         ..Settings::default()
     }
@@ -437,6 +455,7 @@ async fn start_nodes(
             daemon_kubeconfig,
             &name,
             &node_dir.join("device-plugins"),
+            None,
         )?;
         nodes.push(NodeHandle {
             name,
@@ -450,6 +469,107 @@ async fn start_nodes(
     Ok(nodes)
 }
 
+/// A node run by the real kubelet ([`KubeletKind::Real`]), with its
+/// node-daemon as the kubelet's device plugin.
+pub struct RealNode {
+    /// Node name.
+    pub name: String,
+    /// The kubelet and its fake CRI runtime.
+    pub kubelet: crate::real::kubelet::RealKubelet,
+    /// node-daemon's `/metrics` URL (on 127.0.0.1).
+    pub daemon_metrics_url: String,
+    daemon: Service,
+    health: HealthSwitch,
+}
+
+impl RealNode {
+    /// Reports the simulated GPU `uuid` healthy or not to the node-daemon.
+    pub fn set_gpu_health(&self, uuid: &str, healthy: bool) -> bool {
+        self.health.set(uuid, healthy)
+    }
+}
+
+/// Starts a real kubelet per node (each waits for its Node to be Ready and
+/// untainted), then its node-daemon (with `daemon_kubeconfig`, metrics on
+/// 127.0.0.1) in the folder the kubelet sees as
+/// `/var/lib/kubelet/device-plugins`.
+async fn start_real_nodes(
+    spec: &ClusterSpec,
+    plane: &crate::real::control_plane::ControlPlane,
+    daemon_kubeconfig: &Path,
+    dir: &Path,
+) -> Result<Vec<RealNode>, ClusterError> {
+    use crate::real::kubelet::RealKubelet;
+
+    let mut nodes = Vec::with_capacity(spec.nodes);
+    for i in 0..spec.nodes {
+        let name = format!("gpu-node-{i}");
+        let kubelet = RealKubelet::start(plane, &name, &dir.join(&name))
+            .await
+            .map_err(|e| start_err(format!("kubelet {name}"), e))?;
+        let metrics = SocketAddr::from(([127, 0, 0, 1], crate::real::control_plane::free_port()?));
+        let (daemon, health) = start_node_daemon(
+            spec,
+            daemon_kubeconfig,
+            &name,
+            &kubelet.device_plugin_dir,
+            Some(metrics),
+        )?;
+        nodes.push(RealNode {
+            name,
+            kubelet,
+            daemon_metrics_url: format!("http://{metrics}/metrics"),
+            daemon,
+            health,
+        });
+    }
+    Ok(nodes)
+}
+
+/// The `Allocate` replies the real kubelets checkpointed, per pod UID, in the
+/// fake kubelet's record shape (for the checker).
+fn checkpointed_allocations(
+    nodes: &[RealNode],
+    pods: &[Pod],
+) -> Result<
+    std::collections::HashMap<String, Vec<crate::fake_kubelet::ContainerAllocation>>,
+    ClusterError,
+> {
+    use base64::Engine as _;
+    use prost::Message as _;
+    use proto::deviceplugin::v1beta1 as api;
+
+    let mut out: std::collections::HashMap<String, Vec<_>> = std::collections::HashMap::new();
+    for node in nodes {
+        let Some(checkpoint) = node.kubelet.checkpoint()? else {
+            continue;
+        };
+        for e in checkpoint.data.pod_device_entries {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(&e.alloc_resp)
+                .map_err(std::io::Error::other)?;
+            let reply = api::ContainerAllocateResponse::decode(bytes.as_slice())
+                .map_err(std::io::Error::other)?;
+            let init = pods
+                .iter()
+                .filter(|p| p.metadata.uid.as_deref() == Some(e.pod_uid.as_str()))
+                .filter_map(|p| p.spec.as_ref()?.init_containers.as_ref())
+                .flatten()
+                .any(|c| c.name == e.container_name);
+            out.entry(e.pod_uid.clone()).or_default().push(
+                crate::fake_kubelet::ContainerAllocation {
+                    container: e.container_name,
+                    init,
+                    resource: e.resource_name,
+                    device_ids: e.device_ids.into_values().flatten().collect(),
+                    reply: reply.into(),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
 impl Cluster {
     /// Starts every component on the control plane `spec.control_plane`
     /// names.
@@ -458,6 +578,12 @@ impl Cluster {
     /// A [`ClusterError`] naming the component that failed.
     pub async fn start(spec: ClusterSpec) -> Result<Self, ClusterError> {
         let dir = tempfile::Builder::new().prefix("gpuslice-").tempdir()?;
+        if spec.kubelet == KubeletKind::Real && spec.control_plane != ControlPlaneKind::Real {
+            return Err(start_err(
+                "kubelet",
+                "the real kubelet needs the real control plane",
+            ));
+        }
         match spec.control_plane {
             ControlPlaneKind::Fake => Self::start_fake(spec, dir).await,
             ControlPlaneKind::Real => Self::start_real(spec, dir).await,
@@ -508,6 +634,7 @@ impl Cluster {
             webhook_url,
             metrics_url: format!("http://{metrics_addr}/metrics"),
             nodes,
+            real_nodes: Vec::new(),
             scheduler,
             plane: Plane::Fake {
                 api,
@@ -570,13 +697,23 @@ impl Cluster {
         plane
             .start_scheduler(&installed.scheduler_config, &installed.scheduler_kubeconfig)
             .map_err(|e| start_err("kube-scheduler", e))?;
-        let nodes = start_nodes(
-            &spec,
-            &client,
-            &installed.node_daemon_kubeconfig,
-            dir.path(),
-        )
-        .await?;
+        let (nodes, real_nodes) = match spec.kubelet {
+            KubeletKind::Fake => (
+                start_nodes(
+                    &spec,
+                    &client,
+                    &installed.node_daemon_kubeconfig,
+                    dir.path(),
+                )
+                .await?,
+                Vec::new(),
+            ),
+            KubeletKind::Real => (
+                Vec::new(),
+                start_real_nodes(&spec, &plane, &installed.node_daemon_kubeconfig, dir.path())
+                    .await?,
+            ),
+        };
         Ok(Self {
             spec,
             kubeconfig,
@@ -585,6 +722,7 @@ impl Cluster {
             webhook_url: format!("https://{api_addr}"),
             metrics_url: format!("http://{metrics_addr}/metrics"),
             nodes,
+            real_nodes,
             scheduler,
             plane: Plane::Real(Box::new(plane)),
             tls: installed.tls,
@@ -623,7 +761,11 @@ impl Cluster {
                     .await
                     .unwrap_or_else(|e| format!("unknown: {e}")),
                 plane.binary_version("kube-scheduler"),
-                STAND_IN.into(),
+                if self.real_nodes.is_empty() {
+                    STAND_IN.into()
+                } else {
+                    plane.binary_version("kubelet")
+                },
             ),
         }
     }
@@ -733,11 +875,24 @@ impl Cluster {
     pub async fn check(&self) -> Result<(crate::checker::Report, Vec<Pod>), ClusterError> {
         let client = self.client().await?;
         let params = kube::api::ListParams::default();
-        let pods = Api::<Pod>::all(client.clone()).list(&params).await?.items;
+        let mut pods = Api::<Pod>::all(client.clone()).list(&params).await?.items;
         let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client)
             .list(&params)
             .await?
             .items;
+        // The real kubelet keeps the Allocate replies in its checkpoint, not
+        // on the pod: hand them to the checker as the fake kubelet records
+        // them.
+        let mut replies = checkpointed_allocations(&self.real_nodes, &pods)?;
+        for pod in &mut pods {
+            if let Some(records) = pod.metadata.uid.as_ref().and_then(|u| replies.remove(u)) {
+                let json = serde_json::to_string(&records).map_err(std::io::Error::other)?;
+                pod.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(crate::fake_kubelet::ALLOCATIONS_ANNOTATION.to_owned(), json);
+            }
+        }
         Ok((crate::checker::check(&pods, &nodes), pods))
     }
 
@@ -833,6 +988,7 @@ impl Cluster {
             &kubeconfig,
             &node.name,
             &node.dir.join("device-plugins"),
+            None,
         )?;
         Ok(())
     }
@@ -897,6 +1053,10 @@ impl Cluster {
         }
         for node in self.nodes.drain(..) {
             node.kubelet.shutdown().await;
+        }
+        // node-daemon first, then the kubelet (dropping it kills it).
+        for mut node in self.real_nodes.drain(..) {
+            let _ = node.daemon.stop();
         }
         let _ = self.scheduler.stop();
         match self.plane {

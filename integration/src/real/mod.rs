@@ -7,7 +7,9 @@
 //! - [`pki`]: the cluster's certificates and service-account keys;
 //! - [`chart`]: rendering the chart and refusing any object that would make the
 //!   apiserver dial anything but 127.0.0.1;
-//! - [`control_plane`]: the processes, their readiness and their clients.
+//! - [`control_plane`]: the processes, their readiness and their clients;
+//! - [`kubelet`]: the real kubelet of one node, on the fake CRI runtime, in
+//!   its own mount namespace.
 //!
 //! Network rule: every address here is on 127.0.0.1. Registrations are by
 //! `url:`; no component reads in-cluster configuration (the child processes
@@ -17,4 +19,5 @@ pub mod binaries;
 pub mod chart;
 pub mod control_plane;
 pub mod install;
+pub mod kubelet;
 pub mod pki;
