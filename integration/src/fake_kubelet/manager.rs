@@ -29,10 +29,10 @@ use tokio::task::AbortHandle;
 use tonic::transport::Channel;
 use tracing::{info, instrument, warn};
 
-use super::Error;
 use super::admission::{self, PodIdentity};
 use super::checkpoint;
 use super::devices::{Choice, DeviceRequest, DeviceTable, ResourceCount};
+use super::error::Error;
 use super::record::{
     AllocateReply, ContainerAllocation, Outcome, PodAdmission, UNEXPECTED_ADMISSION_ERROR,
 };

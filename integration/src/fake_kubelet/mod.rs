@@ -29,6 +29,7 @@
 pub mod admission;
 pub mod checkpoint;
 pub mod devices;
+mod error;
 mod manager;
 pub mod node;
 mod podresources;
@@ -38,8 +39,8 @@ pub mod registration;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use error::{Error, Result};
 use k8s_openapi::api::core::v1::Pod;
-use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -51,31 +52,6 @@ pub use record::{
 
 use manager::{Batch, StateHandle};
 use registration::RegistrationHandle;
-
-/// Errors of the fake kubelet's own machinery (not admission outcomes).
-#[derive(Debug, Error)]
-pub enum Error {
-    /// The state owner or admission worker has stopped.
-    #[error("fake kubelet stopped")]
-    Stopped,
-    /// Filesystem work on the device-plugins folder failed.
-    #[error("{what} {path}: {source}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The path involved.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A wait ran past its deadline.
-    #[error("timed out after {0:?} waiting for {1}")]
-    Timeout(Duration, &'static str),
-}
-
-/// Result alias of this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Where the fake kubelet keeps its files.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -83,7 +83,7 @@ struct Lister {
     state: StateHandle,
 }
 
-fn stopped(_: super::Error) -> Status {
+fn stopped(_: super::error::Error) -> Status {
     Status::unavailable("fake kubelet stopped")
 }
 
