@@ -272,9 +272,26 @@ pub struct Cluster {
     /// The simulated nodes run by the real kubelet ([`KubeletKind::Real`]).
     pub real_nodes: Vec<RealNode>,
     scheduler: Service,
+    /// Further scheduler pods (HA), real control plane only.
+    replicas: Vec<SchedulerReplica>,
+    /// kube-scheduler's configuration from the chart (real control plane).
+    scheduler_config: Option<String>,
     plane: Plane,
     tls: (PathBuf, PathBuf),
     dir: tempfile::TempDir,
+}
+
+/// A further scheduler pod: a scheduler-webhook and a kube-scheduler under
+/// a hostname of their own (as pods of a Deployment have), both candidates
+/// for the one Lease.
+pub struct SchedulerReplica {
+    /// Its hostname, the prefix of its kube-scheduler's Lease identity.
+    pub identity: String,
+    /// Its scheduler-webhook's metrics URL.
+    pub metrics_url: String,
+    /// Index of its kube-scheduler in the control plane's schedulers.
+    pub kube_scheduler: usize,
+    webhook: Service,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -297,8 +314,19 @@ fn write_certificate(dir: &Path) -> Result<(PathBuf, PathBuf), ClusterError> {
     Ok((crt, key))
 }
 
+/// This machine's identity as kube-scheduler forms it (its hostname, before
+/// the `_<uuid>` it appends to the Lease holder).
+fn host_identity() -> String {
+    crate::fake_scheduler::config::identity()
+        .split('_')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 fn start_scheduler_webhook(
     spec: &ClusterSpec,
+    identity: &str,
     kubeconfig: &Path,
     tls: &(PathBuf, PathBuf),
     listen: Option<SocketAddr>,
@@ -315,13 +343,7 @@ fn start_scheduler_webhook(
         scheduler_name: SCHEDULER_NAME.to_owned(),
         node_scheduler_policy: spec.node_policy.clone(),
         gpu_scheduler_policy: spec.gpu_policy.clone(),
-        identity: Some(
-            crate::fake_scheduler::config::identity()
-                .split('_')
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
-        ),
+        identity: Some(identity.to_owned()),
         ..Settings::default()
     };
     settings
@@ -604,7 +626,7 @@ impl Cluster {
         let tls = write_certificate(dir.path())?;
 
         let (scheduler, api_addr, metrics_addr) =
-            start_scheduler_webhook(&spec, &kubeconfig, &tls, None)?;
+            start_scheduler_webhook(&spec, &host_identity(), &kubeconfig, &tls, None)?;
         let webhook_url = format!("https://{api_addr}");
         // kube-apiserver calls our webhook on every pod CREATE, trusting our CA,
         // as the chart's MutatingWebhookConfiguration (failurePolicy Fail) says.
@@ -635,6 +657,8 @@ impl Cluster {
             metrics_url: format!("http://{metrics_addr}/metrics"),
             nodes,
             real_nodes: Vec::new(),
+            replicas: Vec::new(),
+            scheduler_config: None,
             scheduler,
             plane: Plane::Fake {
                 api,
@@ -688,6 +712,7 @@ impl Cluster {
             .map_err(|e| start_err("kube-apiserver", e))?;
         let (scheduler, api_addr, metrics_addr) = start_scheduler_webhook(
             &spec,
+            &host_identity(),
             &installed.scheduler_kubeconfig,
             &installed.tls,
             Some(webhook_addr),
@@ -695,7 +720,11 @@ impl Cluster {
         // kube-scheduler runs in the scheduler pod beside scheduler-webhook,
         // as the same ServiceAccount, with the chart's configuration.
         plane
-            .start_scheduler(&installed.scheduler_config, &installed.scheduler_kubeconfig)
+            .start_scheduler(
+                &installed.scheduler_config,
+                &installed.scheduler_kubeconfig,
+                None,
+            )
             .map_err(|e| start_err("kube-scheduler", e))?;
         let (nodes, real_nodes) = match spec.kubelet {
             KubeletKind::Fake => (
@@ -724,6 +753,8 @@ impl Cluster {
             nodes,
             real_nodes,
             scheduler,
+            replicas: Vec::new(),
+            scheduler_config: Some(installed.scheduler_config),
             plane: Plane::Real(Box::new(plane)),
             tls: installed.tls,
             dir,
@@ -946,6 +977,70 @@ impl Cluster {
         Ok(api.create(&PostParams::default(), pod).await?)
     }
 
+    /// Starts a further scheduler pod on the real control plane (HA, as the
+    /// chart's `scheduler.replicas` > 1): a scheduler-webhook with identity
+    /// `gpuslice-replica-<n>` and a kube-scheduler with the chart's
+    /// configuration pointed at that webhook, in its own UTS namespace with
+    /// that hostname (so its Lease identity differs, as a pod's would). Only
+    /// the Lease holder schedules; returns the replica's index.
+    ///
+    /// # Errors
+    /// Not on the real control plane, or a process did not start.
+    pub fn add_scheduler_replica(&mut self) -> Result<usize, ClusterError> {
+        let n = self.replicas.len() + 1;
+        let identity = format!("gpuslice-replica-{n}");
+        let (Plane::Real(plane), Some(config)) = (&mut self.plane, &self.scheduler_config) else {
+            return Err(start_err(
+                "scheduler replica",
+                "only on the real control plane",
+            ));
+        };
+        let (webhook, api_addr, metrics_addr) = start_scheduler_webhook(
+            &self.spec,
+            &identity,
+            &self.webhook_kubeconfig,
+            &self.tls,
+            None,
+        )?;
+        let first = self.webhook_url.trim_start_matches("https://");
+        let config = config.replace(&format!("https://{first}"), &format!("https://{api_addr}"));
+        let kube_scheduler = plane
+            .start_scheduler(&config, &self.webhook_kubeconfig, Some(&identity))
+            .map_err(|e| start_err("kube-scheduler", e))?;
+        self.replicas.push(SchedulerReplica {
+            identity,
+            metrics_url: format!("http://{metrics_addr}/metrics"),
+            kube_scheduler,
+            webhook,
+        });
+        Ok(n - 1)
+    }
+
+    /// The further scheduler pods started so far.
+    #[must_use]
+    pub fn scheduler_replicas(&self) -> &[SchedulerReplica] {
+        &self.replicas
+    }
+
+    /// Kills (SIGKILL) kube-scheduler `i` of the real control plane (0 is the
+    /// first pod's); its Lease expires and another replica takes over.
+    ///
+    /// # Errors
+    /// Not on the real control plane, or no such kube-scheduler.
+    pub fn kill_kube_scheduler(&mut self, i: usize) -> Result<(), ClusterError> {
+        match &mut self.plane {
+            Plane::Real(plane) => plane
+                .schedulers
+                .get_mut(i)
+                .map(crate::real::control_plane::Process::kill)
+                .ok_or_else(|| start_err("kube-scheduler", format!("no kube-scheduler {i}"))),
+            Plane::Fake { .. } => Err(start_err(
+                "kube-scheduler",
+                "only on the real control plane",
+            )),
+        }
+    }
+
     /// Stops the scheduler-webhook and starts it again on the same port (its
     /// model is rebuilt from the API server).
     ///
@@ -961,8 +1056,13 @@ impl Cluster {
             .stop()
             .map_err(|e| start_err("scheduler-webhook", e))?;
         let kubeconfig = self.webhook_kubeconfig.clone();
-        let (service, _, metrics) =
-            start_scheduler_webhook(&self.spec, &kubeconfig, &self.tls, Some(addr))?;
+        let (service, _, metrics) = start_scheduler_webhook(
+            &self.spec,
+            &host_identity(),
+            &kubeconfig,
+            &self.tls,
+            Some(addr),
+        )?;
         self.scheduler = service;
         self.metrics_url = format!("http://{metrics}/metrics");
         Ok(())
@@ -1059,6 +1159,9 @@ impl Cluster {
             let _ = node.daemon.stop();
         }
         let _ = self.scheduler.stop();
+        for mut replica in self.replicas.drain(..) {
+            let _ = replica.webhook.stop();
+        }
         match self.plane {
             Plane::Fake { api, .. } => api.shutdown().await,
             // Dropping the processes kills them.

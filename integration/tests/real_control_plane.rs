@@ -254,3 +254,105 @@ async fn helm_install_into_the_real_apiserver_accepts_every_object() {
             .await;
     }
 }
+
+async fn bound_by_extender(metrics_url: &str) -> u64 {
+    let text = reqwest_free_get(metrics_url).await;
+    text.lines()
+        .find(|l| l.starts_with("gpuslice_bind_results_total{result=\"bound\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// GET over plain HTTP on loopback (the metrics port).
+async fn reqwest_free_get(url: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let rest = url.trim_start_matches("http://");
+    let (addr, path) = rest.split_once('/').unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+/// HA as the chart runs it with two scheduler pods: two kube-schedulers
+/// (each beside its own scheduler-webhook, under its own hostname) compete
+/// for the one Lease; the leader schedules through its extender. When the
+/// leader's kube-scheduler is killed, the other takes the Lease and pods are
+/// scheduled through the other extender; the checker stays clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_the_second_scheduler_takes_over_when_the_leader_dies() {
+    use integration::harness::wait_for_object;
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    let Some(mut cluster) = start("ha_takeover", 1, 4).await else {
+        return;
+    };
+    if let Err(e) = integration::real::kubelet::mount_namespace_permitted() {
+        eprintln!("SKIPPED ha_takeover: a second kube-scheduler needs its own UTS namespace: {e}");
+        cluster.shutdown().await;
+        return;
+    }
+    let replica = cluster.add_scheduler_replica().unwrap();
+    let replica_identity = cluster.scheduler_replicas()[replica].identity.clone();
+    let replica_metrics = cluster.scheduler_replicas()[replica].metrics_url.clone();
+    let replica_scheduler = cluster.scheduler_replicas()[replica].kube_scheduler;
+    let client = cluster.client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), integration::real::install::NAMESPACE);
+    let holder = |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default()
+    };
+    let lease = wait_for_object(leases.clone(), SCHEDULER_NAME, DEADLINE, |l: &Lease| {
+        !holder(l).is_empty()
+    })
+    .await
+    .unwrap();
+    assert!(
+        !holder(&lease).starts_with(&replica_identity),
+        "the first kube-scheduler leads: {}",
+        holder(&lease)
+    );
+
+    let slice = |name: &str| {
+        workload::gpu_pod(
+            name,
+            &json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000", "nvidia.com/gpucores": "10"}),
+        )
+    };
+    cluster.create_pod(&slice("before")).await.unwrap();
+    let running = |p: &Pod| phase(p) == "Running";
+    wait_for_pod(&client, "default", "before", DEADLINE, running)
+        .await
+        .unwrap();
+    assert_eq!(
+        bound_by_extender(&replica_metrics).await,
+        0,
+        "the follower did not bind"
+    );
+
+    cluster.kill_kube_scheduler(0).unwrap();
+    wait_for_object(leases, SCHEDULER_NAME, DEADLINE, |l: &Lease| {
+        holder(l).starts_with(&replica_identity)
+    })
+    .await
+    .unwrap();
+    cluster.create_pod(&slice("after")).await.unwrap();
+    wait_for_pod(&client, "default", "after", DEADLINE, running)
+        .await
+        .unwrap();
+    assert_eq!(
+        bound_by_extender(&replica_metrics).await,
+        1,
+        "the new leader's extender bound the pod (kube-scheduler {replica_scheduler})"
+    );
+    let (report, _) = cluster.check().await.unwrap();
+    assert!(report.is_clean(), "{report:#?}");
+    cluster.shutdown().await;
+}

@@ -458,11 +458,19 @@ impl ControlPlane {
 
     /// Starts a kube-scheduler with `config` (a KubeSchedulerConfiguration,
     /// e.g. from the chart's ConfigMap) as the user of `kubeconfig`; returns
-    /// its index in [`ControlPlane::schedulers`].
+    /// its index in [`ControlPlane::schedulers`]. With `hostname`, it runs in
+    /// a UTS namespace of its own under that hostname (`unshare --uts`, needs
+    /// root), so its Lease identity (`<hostname>_<uuid>`) differs from this
+    /// machine's, as a second scheduler pod's would.
     ///
     /// # Errors
     /// It could not be started.
-    pub fn start_scheduler(&mut self, config: &str, kubeconfig: &Path) -> Result<usize, String> {
+    pub fn start_scheduler(
+        &mut self,
+        config: &str,
+        kubeconfig: &Path,
+        hostname: Option<&str>,
+    ) -> Result<usize, String> {
         let i = self.schedulers.len();
         let config_path = self.dir.join(format!("kube-scheduler-{i}.yaml"));
         // With --config, kube-scheduler ignores --kubeconfig and reads
@@ -476,20 +484,35 @@ impl ControlPlane {
         std::fs::write(&config_path, text).map_err(|e| e.to_string())?;
         let port = free_port().map_err(|e| e.to_string())?;
         let k = kubeconfig.display().to_string();
-        let process = Process::spawn(
-            &format!("kube-scheduler-{i}"),
-            &self.binaries.path("kube-scheduler"),
-            &[
-                format!("--config={}", config_path.display()),
-                format!("--kubeconfig={k}"),
-                format!("--authentication-kubeconfig={k}"),
-                format!("--authorization-kubeconfig={k}"),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={port}"),
-                "--v=2".into(),
-            ],
-            &self.dir,
-        )?;
+        let binary = self.binaries.path("kube-scheduler");
+        let mut args = vec![
+            format!("--config={}", config_path.display()),
+            format!("--kubeconfig={k}"),
+            format!("--authentication-kubeconfig={k}"),
+            format!("--authorization-kubeconfig={k}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            "--v=2".into(),
+        ];
+        let program = match hostname {
+            None => binary,
+            Some(name) => {
+                // `hostname` then exec: the pid stays kube-scheduler's.
+                let mut wrapped = vec![
+                    "--uts".into(),
+                    "--".into(),
+                    "sh".into(),
+                    "-c".into(),
+                    "hostname \"$0\" && exec \"$@\"".into(),
+                    name.to_owned(),
+                    binary.display().to_string(),
+                ];
+                wrapped.append(&mut args);
+                args = wrapped;
+                PathBuf::from("unshare")
+            }
+        };
+        let process = Process::spawn(&format!("kube-scheduler-{i}"), &program, &args, &self.dir)?;
         self.schedulers.push(process);
         Ok(i)
     }
