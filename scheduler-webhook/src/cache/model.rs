@@ -11,7 +11,7 @@
 //! usage or GPUs below marks that node, and an `fgd` filter brings the
 //! index up to date before it asks [`schedule`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod, ResourceQuota};
 use proto::hami::pod_devices::PodDevices;
@@ -366,6 +366,59 @@ impl ClusterModel {
     /// Pods known from their annotations (for reconciling after a relist).
     pub fn observed_pods(&self) -> impl Iterator<Item = &str> {
         self.observed.keys().map(String::as_str)
+    }
+
+    // === Relist reconciliation ===
+    //
+    // After a watch breaks, its relist is the whole truth for its kind: the
+    // owner collects what the relist delivered and hands it here.
+
+    /// A node relist ended: nodes it did not deliver were deleted meanwhile.
+    pub fn reconcile_nodes(&mut self, seen: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .node_names()
+            .filter(|n| !seen.contains(*n))
+            .map(str::to_owned)
+            .collect();
+        for name in gone {
+            self.delete_node(&name);
+        }
+    }
+
+    /// A pod relist ended: pods known from their annotations that it did
+    /// not deliver are deleted. Pods counted in the fgd workload that it
+    /// did not deliver lose only their shape (a pod created after the list
+    /// and filtered meanwhile is counted again at its next filter or when
+    /// its allocation is seen).
+    pub fn reconcile_pods(&mut self, seen: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .observed_pods()
+            .filter(|u| !seen.contains(*u))
+            .map(str::to_owned)
+            .collect();
+        for uid in gone {
+            self.delete_pod(&uid);
+        }
+        let gone: Vec<String> = self
+            .workload_pods()
+            .filter(|u| !seen.contains(*u))
+            .map(str::to_owned)
+            .collect();
+        for uid in gone {
+            self.forget_shape(&uid);
+        }
+    }
+
+    /// A ResourceQuota relist ended: quotas it did not deliver were deleted.
+    pub fn reconcile_quotas(&mut self, seen: &HashSet<(String, String)>) {
+        let gone: Vec<(String, String)> = self
+            .quota_keys()
+            .filter(|(ns, name)| !seen.contains(&((*ns).to_owned(), (*name).to_owned())))
+            .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+            .collect();
+        for (ns, name) in gone {
+            self.delete_quota(&ns, &name);
+        }
     }
 
     /// Every GPU with its use.
@@ -1218,5 +1271,83 @@ mod tests {
             panic!("expected no fit");
         };
         assert_eq!(failed["n1"], "1/1 CardCordoned");
+    }
+
+    fn seen(list: &[&str]) -> HashSet<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_node_relist_deletes_the_nodes_it_did_not_deliver() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+        model.apply_node(&kube_node("n2", 1, 1000)).unwrap();
+        model.reconcile_nodes(&seen(&["n1"]));
+        assert_eq!(model.node_names().collect::<Vec<_>>(), ["n1"]);
+        assert_eq!(
+            model
+                .unregistered(&names(&["n1", "n2"]))
+                .collect::<Vec<_>>(),
+            ["n2"]
+        );
+        assert!(matches!(
+            model.filter(&slice_pod("a", 100, 10), &names(&["n2"])),
+            FilterOutcome::NoFit { .. }
+        ));
+        model.reconcile_nodes(&seen(&["n1"]));
+        assert_eq!(
+            model.node_names().count(),
+            1,
+            "a second relist changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_pod_relist_releases_vanished_allocations_and_forgets_vanished_shapes_only() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 2, 10_000)).unwrap();
+        model.apply_pod(&allocated(
+            slice_pod("held", 0, 0),
+            "n1",
+            "GPU-n1-0,NVIDIA,4000,20:;",
+        ));
+        model.apply_pod(&allocated(
+            slice_pod("kept", 0, 0),
+            "n1",
+            "GPU-n1-1,NVIDIA,1000,10:;",
+        ));
+        assert!(matches!(
+            model.filter(&slice_pod("filtered", 500, 5), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        assert_eq!(used(&model, "ns"), (5500, 35));
+        model.reconcile_pods(&seen(&["kept"]));
+        // "held" vanished: released and refunded.
+        assert_eq!(model.node_of("held"), None);
+        assert_eq!(model.observed_pods().collect::<Vec<_>>(), ["kept"]);
+        // "filtered" (created after the list) keeps its reservation and
+        // charge; only its shape is dropped from the workload.
+        assert_eq!(model.node_of("filtered"), Some("n1"));
+        assert!(model.decision("filtered").is_some());
+        assert_eq!(used(&model, "ns"), (1500, 15));
+        assert_eq!(model.workload_pods().collect::<Vec<_>>(), ["kept"]);
+    }
+
+    #[test]
+    fn a_quota_relist_drops_the_quotas_it_did_not_deliver() {
+        let mut model = ClusterModel::new(config());
+        for name in ["tight", "wide"] {
+            model
+                .apply_quota(&quota(
+                    "ns",
+                    name,
+                    json!({"limits.nvidia.com/gpumem": "1000"}),
+                ))
+                .unwrap();
+        }
+        model.reconcile_quotas(&HashSet::from([("ns".to_owned(), "wide".to_owned())]));
+        assert_eq!(model.quota_keys().collect::<Vec<_>>(), [("ns", "wide")]);
+        model.reconcile_quotas(&HashSet::new());
+        assert_eq!(model.quota_status("ns"), None);
     }
 }
