@@ -28,7 +28,7 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(20);
 pub enum BindFailure {
     /// The model has not listed nodes, pods and resourcequotas since the
     /// start; kube-scheduler retries the pod.
-    #[error("{}", crate::extender::handler::NOT_SYNCED)]
+    #[error("{}", super::wire::NOT_SYNCED)]
     NotSynced,
     /// No filter decision for this pod (never filtered here, or already released).
     #[error("pod {0} has no filter decision from this scheduler; it will be filtered again")]

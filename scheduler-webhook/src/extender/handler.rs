@@ -17,12 +17,7 @@ use crate::cache::owner::ModelHandle;
 use crate::events::{EventSink, PodEvent};
 use crate::metrics::Metrics;
 
-/// The `Error` of a filter or bind that arrives before the model has
-/// listed nodes, pods and resourcequotas once (kube-scheduler calls the
-/// extender on 127.0.0.1, where `/readyz` protects nothing; it retries a
-/// pod whose extender answered `Error` after its backoff).
-pub const NOT_SYNCED: &str =
-    "scheduler-webhook has not synced nodes, pods and resourcequotas yet; retry later";
+pub use super::wire::NOT_SYNCED;
 
 /// Largest request body accepted (1 MiB, as HAMi).
 pub const BODY_LIMIT: usize = 1 << 20;
