@@ -34,4 +34,5 @@ pub mod metrics;
 pub mod registrar;
 pub mod settings;
 pub mod telemetry;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

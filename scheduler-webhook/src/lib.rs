@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod clock;
+pub mod convert;
 pub mod core;
 pub mod events;
 pub mod extender;

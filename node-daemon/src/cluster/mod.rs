@@ -2,11 +2,13 @@
 //! node, the node lock, and the few annotation writes the protocol needs.
 //!
 //! [`Cluster`] is the boundary; [`kube::KubeCluster`] implements it with a
-//! real kube-rs client (any apiserver, real or fake), [`memory::MemoryCluster`]
-//! in memory for tests of the layers above. Pods cross the boundary as
+//! real kube-rs client (any apiserver, real or fake), `memory::MemoryCluster`
+//! in memory for tests of the layers above (compiled for this crate's tests
+//! and with the `testkit` feature only, never into the release binary). Pods cross the boundary as
 //! [`PodView`], owned domain data with only what Allocate needs.
 
 pub mod kube;
+#[cfg(any(test, feature = "testkit"))]
 pub mod memory;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! The scheduler's view of the cluster, fed from Kubernetes objects and
 //! asked to place pods: the bridge between `k8s-openapi` types and the pure
-//! [`crate::core`].
+//! [`crate::core`]. Reading the objects is [`crate::convert`]'s.
 //!
 //! Pure and single-owner: one task applies watch events and answers filter
 //! and bind steps in order, so two filters can never book the same slice.
@@ -11,23 +11,24 @@
 //! usage or GPUs below marks that node, and an `fgd` filter brings the
 //! index up to date before it asks [`schedule`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod, ResourceQuota};
-use proto::hami::handshake::Handshake;
-use proto::hami::keys;
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod, ResourceQuota};
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::register;
 
 use super::fragmentation::Fragmentation;
+use crate::convert::{
+    Allocation, BadQuota, NodeAnnotations, allocation_of, is_finished, node_annotations, pod_lite,
+    quota_limits,
+};
 use crate::core::fgd::{Shape, ShapeDistribution};
 use crate::core::model::{Cluster, Node, NodeId};
 use crate::core::policy::{Policy, SchedulerConfig, schedule};
-use crate::core::quota::{QuotaBook, QuotaLimits, QuotaStatus, QuotaUse};
-use crate::core::request::{ContainerLite, PodRequest, PodSpecLite, RequestConfig};
+use crate::core::quota::{QuotaBook, QuotaStatus, QuotaUse};
+use crate::core::request::{PodRequest, RequestConfig};
 use crate::core::reservation::HostResources;
 use crate::core::rng::SplitMix64;
-use crate::quantity::parse_whole;
 
 /// What a filter concluded.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,14 +64,6 @@ pub struct ModelConfig {
     pub seed: u64,
 }
 
-/// A pod whose allocation we know from its annotations.
-#[derive(Debug, Clone, PartialEq)]
-struct Allocation {
-    node: String,
-    devices: PodDevices,
-    init_count: usize,
-}
-
 /// The cluster model behind `/filter` and `/bind`.
 #[derive(Debug)]
 pub struct ClusterModel {
@@ -104,22 +97,6 @@ struct Resolved {
     ids: Vec<Option<NodeId>>,
     /// Nodes in the cluster when resolved.
     nodes: usize,
-}
-
-/// A `spec.hard` value of a ResourceQuota that is not a whole number; the
-/// key is ignored (no limit from this object).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("resourcequota {namespace}/{name} {key}: {error}")]
-pub struct BadQuota {
-    /// Namespace.
-    pub namespace: String,
-    /// Quota name.
-    pub name: String,
-    /// The `spec.hard` key.
-    pub key: String,
-    /// Why the value does not parse.
-    #[source]
-    pub error: crate::quantity::QuantityError,
 }
 
 /// A pod known to hold an allocation.
@@ -216,21 +193,10 @@ impl ClusterModel {
         let Some(name) = node.metadata.name.as_deref() else {
             return Ok(());
         };
-        let annotations = node.metadata.annotations.as_ref();
-        // A node the handshake marked unhealthy offers no GPUs (HAMi drops
-        // its devices from the cache).
-        let unhealthy = annotations
-            .and_then(|a| a.get(keys::NODE_HANDSHAKE))
-            .is_some_and(|h| matches!(h.parse(), Ok(Handshake::Deleted(_))));
-        let value = annotations
-            .and_then(|a| a.get(keys::NODE_NVIDIA_REGISTER))
-            .filter(|_| !unhealthy)
-            .cloned()
-            .unwrap_or_default();
-        let cordoned: Vec<String> = annotations
-            .and_then(|a| a.get(keys::DEVICE_CORDON))
-            .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
-            .unwrap_or_default();
+        let NodeAnnotations {
+            register: value,
+            cordoned,
+        } = node_annotations(node);
         if self.registers.get(name) != Some(&value) || self.cluster.node_id(name).is_none() {
             let devices = if value.is_empty() {
                 Vec::new()
@@ -272,10 +238,7 @@ impl ClusterModel {
         let Some(uid) = pod.metadata.uid.as_deref() else {
             return;
         };
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed"))
-            || pod.metadata.deletion_timestamp.is_some()
-        {
+        if is_finished(pod) {
             self.delete_pod(uid);
             return;
         }
@@ -363,34 +326,14 @@ impl ClusterModel {
     /// # Errors
     /// One [`BadQuota`] per value ignored.
     pub fn apply_quota(&mut self, quota: &ResourceQuota) -> Result<(), Vec<BadQuota>> {
+        let Some((limits, bad)) = quota_limits(quota, &self.config.requests.names) else {
+            return Ok(());
+        };
         let (Some(namespace), Some(name)) = (
             quota.metadata.namespace.as_deref(),
             quota.metadata.name.as_deref(),
         ) else {
             return Ok(());
-        };
-        let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
-        let names = &self.config.requests.names;
-        let mut bad = Vec::new();
-        let mut read = |resource: &str| -> Option<u64> {
-            let key = format!("limits.{resource}");
-            let q = hard?.get(&key)?;
-            match parse_whole(&q.0) {
-                Ok(v) => Some(v.unsigned_abs()),
-                Err(error) => {
-                    bad.push(BadQuota {
-                        namespace: namespace.to_owned(),
-                        name: name.to_owned(),
-                        key,
-                        error,
-                    });
-                    None
-                }
-            }
-        };
-        let limits = QuotaLimits {
-            memory_mib: read(&names.resource_mem),
-            cores: read(&names.resource_cores),
         };
         self.quotas.set_quota(namespace, name, limits);
         if bad.is_empty() { Ok(()) } else { Err(bad) }
@@ -423,6 +366,59 @@ impl ClusterModel {
     /// Pods known from their annotations (for reconciling after a relist).
     pub fn observed_pods(&self) -> impl Iterator<Item = &str> {
         self.observed.keys().map(String::as_str)
+    }
+
+    // === Relist reconciliation ===
+    //
+    // After a watch breaks, its relist is the whole truth for its kind: the
+    // owner collects what the relist delivered and hands it here.
+
+    /// A node relist ended: nodes it did not deliver were deleted meanwhile.
+    pub fn reconcile_nodes(&mut self, seen: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .node_names()
+            .filter(|n| !seen.contains(*n))
+            .map(str::to_owned)
+            .collect();
+        for name in gone {
+            self.delete_node(&name);
+        }
+    }
+
+    /// A pod relist ended: pods known from their annotations that it did
+    /// not deliver are deleted. Pods counted in the fgd workload that it
+    /// did not deliver lose only their shape (a pod created after the list
+    /// and filtered meanwhile is counted again at its next filter or when
+    /// its allocation is seen).
+    pub fn reconcile_pods(&mut self, seen: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .observed_pods()
+            .filter(|u| !seen.contains(*u))
+            .map(str::to_owned)
+            .collect();
+        for uid in gone {
+            self.delete_pod(&uid);
+        }
+        let gone: Vec<String> = self
+            .workload_pods()
+            .filter(|u| !seen.contains(*u))
+            .map(str::to_owned)
+            .collect();
+        for uid in gone {
+            self.forget_shape(&uid);
+        }
+    }
+
+    /// A ResourceQuota relist ended: quotas it did not deliver were deleted.
+    pub fn reconcile_quotas(&mut self, seen: &HashSet<(String, String)>) {
+        let gone: Vec<(String, String)> = self
+            .quota_keys()
+            .filter(|(ns, name)| !seen.contains(&((*ns).to_owned(), (*name).to_owned())))
+            .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+            .collect();
+        for (ns, name) in gone {
+            self.delete_quota(&ns, &name);
+        }
     }
 
     /// Every GPU with its use.
@@ -685,72 +681,9 @@ impl ClusterModel {
     }
 }
 
-/// The allocation a pod's annotations record, if any.
-fn allocation_of(pod: &Pod) -> Option<Allocation> {
-    let annotations = pod.metadata.annotations.as_ref()?;
-    let node = annotations.get(keys::VGPU_NODE)?.clone();
-    let devices: PodDevices = annotations
-        .get(keys::VGPU_DEVICES_ALLOCATED)?
-        .parse()
-        .ok()?;
-    let spec = pod.spec.as_ref()?;
-    let init = spec.init_containers.as_ref().map_or(0, Vec::len);
-    // ≤ v2.8 encoded only app containers.
-    let init_count = if devices.0.len() == spec.containers.len() && init > 0 {
-        0
-    } else {
-        init
-    };
-    Some(Allocation {
-        node,
-        devices,
-        init_count,
-    })
-}
-
-/// The parts of a pod the core reads.
-///
-/// # Errors
-/// A resource quantity that is not a whole number, naming container and resource.
-pub fn pod_lite(pod: &Pod) -> Result<PodSpecLite, String> {
-    let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
-    let containers = |list: &[Container]| -> Result<Vec<ContainerLite>, String> {
-        list.iter().map(container_lite).collect()
-    };
-    Ok(PodSpecLite {
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
-        annotations: pod.metadata.annotations.clone().unwrap_or_default(),
-        init_containers: containers(spec.init_containers.as_deref().unwrap_or(&[]))?,
-        containers: containers(&spec.containers)?,
-        cpu_milli: 0,
-        memory_mib: 0,
-    })
-}
-
-fn container_lite(c: &Container) -> Result<ContainerLite, String> {
-    let read = |map: Option<
-        &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-    >| {
-        map.into_iter()
-            .flatten()
-            .filter(|(name, _)| name.contains('/'))
-            .map(|(name, q)| {
-                parse_whole(&q.0)
-                    .map(|v| (name.clone(), v))
-                    .map_err(|e| format!("container {} resource {name}: {e}", c.name))
-            })
-            .collect::<Result<BTreeMap<_, _>, _>>()
-    };
-    let resources = c.resources.as_ref();
-    Ok(ContainerLite {
-        name: c.name.clone(),
-        limits: read(resources.and_then(|r| r.limits.as_ref()))?,
-        requests: read(resources.and_then(|r| r.requests.as_ref()))?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use proto::hami::keys;
     use proto::hami::register::NodeDevice;
     use serde_json::json;
 
@@ -1338,5 +1271,83 @@ mod tests {
             panic!("expected no fit");
         };
         assert_eq!(failed["n1"], "1/1 CardCordoned");
+    }
+
+    fn seen(list: &[&str]) -> HashSet<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_node_relist_deletes_the_nodes_it_did_not_deliver() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+        model.apply_node(&kube_node("n2", 1, 1000)).unwrap();
+        model.reconcile_nodes(&seen(&["n1"]));
+        assert_eq!(model.node_names().collect::<Vec<_>>(), ["n1"]);
+        assert_eq!(
+            model
+                .unregistered(&names(&["n1", "n2"]))
+                .collect::<Vec<_>>(),
+            ["n2"]
+        );
+        assert!(matches!(
+            model.filter(&slice_pod("a", 100, 10), &names(&["n2"])),
+            FilterOutcome::NoFit { .. }
+        ));
+        model.reconcile_nodes(&seen(&["n1"]));
+        assert_eq!(
+            model.node_names().count(),
+            1,
+            "a second relist changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_pod_relist_releases_vanished_allocations_and_forgets_vanished_shapes_only() {
+        let mut model = ClusterModel::new(config());
+        model.apply_node(&kube_node("n1", 2, 10_000)).unwrap();
+        model.apply_pod(&allocated(
+            slice_pod("held", 0, 0),
+            "n1",
+            "GPU-n1-0,NVIDIA,4000,20:;",
+        ));
+        model.apply_pod(&allocated(
+            slice_pod("kept", 0, 0),
+            "n1",
+            "GPU-n1-1,NVIDIA,1000,10:;",
+        ));
+        assert!(matches!(
+            model.filter(&slice_pod("filtered", 500, 5), &names(&["n1"])),
+            FilterOutcome::Placed { .. }
+        ));
+        assert_eq!(used(&model, "ns"), (5500, 35));
+        model.reconcile_pods(&seen(&["kept"]));
+        // "held" vanished: released and refunded.
+        assert_eq!(model.node_of("held"), None);
+        assert_eq!(model.observed_pods().collect::<Vec<_>>(), ["kept"]);
+        // "filtered" (created after the list) keeps its reservation and
+        // charge; only its shape is dropped from the workload.
+        assert_eq!(model.node_of("filtered"), Some("n1"));
+        assert!(model.decision("filtered").is_some());
+        assert_eq!(used(&model, "ns"), (1500, 15));
+        assert_eq!(model.workload_pods().collect::<Vec<_>>(), ["kept"]);
+    }
+
+    #[test]
+    fn a_quota_relist_drops_the_quotas_it_did_not_deliver() {
+        let mut model = ClusterModel::new(config());
+        for name in ["tight", "wide"] {
+            model
+                .apply_quota(&quota(
+                    "ns",
+                    name,
+                    json!({"limits.nvidia.com/gpumem": "1000"}),
+                ))
+                .unwrap();
+        }
+        model.reconcile_quotas(&HashSet::from([("ns".to_owned(), "wide".to_owned())]));
+        assert_eq!(model.quota_keys().collect::<Vec<_>>(), [("ns", "wide")]);
+        model.reconcile_quotas(&HashSet::new());
+        assert_eq!(model.quota_status("ns"), None);
     }
 }

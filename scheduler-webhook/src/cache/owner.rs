@@ -364,51 +364,15 @@ async fn run(
             Command::RelistStarted(Kind::Pods) => relist.pods = Some(HashSet::new()),
             Command::RelistStarted(Kind::Quotas) => relist.quotas = Some(HashSet::new()),
             Command::RelistDone(Kind::Nodes) => {
-                let seen = relist.nodes.take().unwrap_or_default();
-                let gone: Vec<String> = model
-                    .node_names()
-                    .filter(|n| !seen.contains(*n))
-                    .map(str::to_owned)
-                    .collect();
-                for name in gone {
-                    model.delete_node(&name);
-                }
+                model.reconcile_nodes(&relist.nodes.take().unwrap_or_default());
                 relist.nodes_listed = true;
             }
             Command::RelistDone(Kind::Pods) => {
-                let seen = relist.pods.take().unwrap_or_default();
-                let gone: Vec<String> = model
-                    .observed_pods()
-                    .filter(|u| !seen.contains(*u))
-                    .map(str::to_owned)
-                    .collect();
-                for uid in gone {
-                    model.delete_pod(&uid);
-                }
-                // Pods counted in the fgd workload that are gone too; only
-                // the shape is dropped (a pod created after the list and
-                // filtered meanwhile is counted again at its next filter
-                // or when its allocation is seen).
-                let gone: Vec<String> = model
-                    .workload_pods()
-                    .filter(|u| !seen.contains(*u))
-                    .map(str::to_owned)
-                    .collect();
-                for uid in gone {
-                    model.forget_shape(&uid);
-                }
+                model.reconcile_pods(&relist.pods.take().unwrap_or_default());
                 relist.pods_listed = true;
             }
             Command::RelistDone(Kind::Quotas) => {
-                let seen = relist.quotas.take().unwrap_or_default();
-                let gone: Vec<(String, String)> = model
-                    .quota_keys()
-                    .filter(|(ns, name)| !seen.contains(&((*ns).to_owned(), (*name).to_owned())))
-                    .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
-                    .collect();
-                for (ns, name) in gone {
-                    model.delete_quota(&ns, &name);
-                }
+                model.reconcile_quotas(&relist.quotas.take().unwrap_or_default());
                 relist.quotas_listed = true;
             }
             Command::Filter {

@@ -23,19 +23,12 @@ use crate::clock::now_unix;
 /// kube-scheduler's 30 s extender timeout.
 pub const LOCK_WAIT: Duration = Duration::from_secs(20);
 
-/// The `Error` of a filter or bind that arrives before the model has
-/// listed nodes, pods and resourcequotas once (kube-scheduler calls the
-/// extender on 127.0.0.1, where `/readyz` protects nothing; it retries a
-/// pod whose extender answered `Error` after its backoff).
-pub const NOT_SYNCED: &str =
-    "scheduler-webhook has not synced nodes, pods and resourcequotas yet; retry later";
-
 /// Why a bind failed (reported to kube-scheduler in `Error`).
 #[derive(Debug, thiserror::Error)]
 pub enum BindFailure {
     /// The model has not listed nodes, pods and resourcequotas since the
     /// start; kube-scheduler retries the pod.
-    #[error("{}", NOT_SYNCED)]
+    #[error("{}", super::wire::NOT_SYNCED)]
     NotSynced,
     /// No filter decision for this pod (never filtered here, or already released).
     #[error("pod {0} has no filter decision from this scheduler; it will be filtered again")]

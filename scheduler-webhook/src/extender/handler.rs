@@ -10,13 +10,14 @@ use actix_web::{HttpResponse, web};
 use kube::Client;
 use tracing::{info, warn};
 
-pub use super::bind::NOT_SYNCED;
 use super::bind::bind;
 use super::wire::{ExtenderBindingResult, ExtenderFilterResult, decode_bind, decode_filter};
 use crate::cache::model::FilterOutcome;
 use crate::cache::owner::ModelHandle;
 use crate::events::{EventSink, PodEvent};
 use crate::metrics::Metrics;
+
+pub use super::wire::NOT_SYNCED;
 
 /// Largest request body accepted (1 MiB, as HAMi).
 pub const BODY_LIMIT: usize = 1 << 20;

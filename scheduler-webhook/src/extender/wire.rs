@@ -10,6 +10,13 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+/// The `Error` of a filter or bind that arrives before the model has
+/// listed nodes, pods and resourcequotas once (kube-scheduler calls the
+/// extender on 127.0.0.1, where `/readyz` protects nothing; it retries a
+/// pod whose extender answered `Error` after its backoff).
+pub const NOT_SYNCED: &str =
+    "scheduler-webhook has not synced nodes, pods and resourcequotas yet; retry later";
+
 /// A body that is not a usable extender request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadRequest {

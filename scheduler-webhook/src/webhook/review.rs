@@ -73,7 +73,7 @@ impl Decision {
     #[must_use]
     pub fn quota_ask(&self, config: &WebhookConfig) -> Option<QuotaUse> {
         let pod = self.gpu_pod.as_deref()?;
-        let lite = crate::cache::model::pod_lite(pod).ok()?;
+        let lite = crate::convert::pod_lite(pod).ok()?;
         let request = PodRequest::from_pod(&lite, &config.request_config()).ok()?;
         request.wants_gpu().then(|| QuotaUse::of_request(&request))
     }

@@ -1,0 +1,189 @@
+//! Kubernetes objects → the core's inputs: the pure conversions the cache
+//! model and the admission webhook share.
+//!
+//! Owns the reading of pods (their requests, the allocation their
+//! annotations record), nodes (register, handshake and cordon
+//! annotations) and ResourceQuotas (`limits.<gpumem>`/`limits.<gpucores>`).
+//! Does not own any state: the [`crate::cache`] model keeps what these
+//! return, the [`crate::webhook`] reads a pod's requests once.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod, ResourceQuota};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use proto::hami::handshake::Handshake;
+use proto::hami::keys;
+use proto::hami::pod_devices::PodDevices;
+use proto::hami::resources::ResourceNames;
+
+use crate::core::quota::QuotaLimits;
+use crate::core::request::{ContainerLite, PodSpecLite};
+use crate::quantity::{QuantityError, parse_whole};
+
+/// The allocation a pod's annotations record (`hami.io/vgpu-node` and
+/// `hami.io/vgpu-devices-allocated`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    /// The node the slices are on.
+    pub node: String,
+    /// What each container holds (init containers first).
+    pub devices: PodDevices,
+    /// How many of `devices` belong to init containers.
+    pub init_count: usize,
+}
+
+/// The allocation a pod's annotations record, if any (and if it decodes).
+#[must_use]
+pub fn allocation_of(pod: &Pod) -> Option<Allocation> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let node = annotations.get(keys::VGPU_NODE)?.clone();
+    let devices: PodDevices = annotations
+        .get(keys::VGPU_DEVICES_ALLOCATED)?
+        .parse()
+        .ok()?;
+    let spec = pod.spec.as_ref()?;
+    let init = spec.init_containers.as_ref().map_or(0, Vec::len);
+    // ≤ v2.8 encoded only app containers.
+    let init_count = if devices.0.len() == spec.containers.len() && init > 0 {
+        0
+    } else {
+        init
+    };
+    Some(Allocation {
+        node,
+        devices,
+        init_count,
+    })
+}
+
+/// Whether a pod has finished or is being deleted: what it held is free.
+#[must_use]
+pub fn is_finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some()
+}
+
+/// The parts of a pod the core reads.
+///
+/// # Errors
+/// A resource quantity that is not a whole number, naming container and resource.
+pub fn pod_lite(pod: &Pod) -> Result<PodSpecLite, String> {
+    let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
+    let containers = |list: &[Container]| -> Result<Vec<ContainerLite>, String> {
+        list.iter().map(container_lite).collect()
+    };
+    Ok(PodSpecLite {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+        init_containers: containers(spec.init_containers.as_deref().unwrap_or(&[]))?,
+        containers: containers(&spec.containers)?,
+        cpu_milli: 0,
+        memory_mib: 0,
+    })
+}
+
+fn container_lite(c: &Container) -> Result<ContainerLite, String> {
+    let read = |map: Option<&BTreeMap<String, Quantity>>| {
+        map.into_iter()
+            .flatten()
+            .filter(|(name, _)| name.contains('/'))
+            .map(|(name, q)| {
+                parse_whole(&q.0)
+                    .map(|v| (name.clone(), v))
+                    .map_err(|e| format!("container {} resource {name}: {e}", c.name))
+            })
+            .collect::<Result<BTreeMap<_, _>, _>>()
+    };
+    let resources = c.resources.as_ref();
+    Ok(ContainerLite {
+        name: c.name.clone(),
+        limits: read(resources.and_then(|r| r.limits.as_ref()))?,
+        requests: read(resources.and_then(|r| r.requests.as_ref()))?,
+    })
+}
+
+/// What the model reads from a node's annotations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAnnotations {
+    /// The `hami.io/node-nvidia-register` value, empty when there is none
+    /// or the handshake marked the node unhealthy (HAMi then drops its
+    /// devices from the cache).
+    pub register: String,
+    /// GPU UUIDs an admin excluded from new allocations (`hami.io/device-cordon`).
+    pub cordoned: Vec<String>,
+}
+
+/// Reads a node's register and cordon annotations.
+#[must_use]
+pub fn node_annotations(node: &KubeNode) -> NodeAnnotations {
+    let annotations = node.metadata.annotations.as_ref();
+    let unhealthy = annotations
+        .and_then(|a| a.get(keys::NODE_HANDSHAKE))
+        .is_some_and(|h| matches!(h.parse(), Ok(Handshake::Deleted(_))));
+    let register = annotations
+        .and_then(|a| a.get(keys::NODE_NVIDIA_REGISTER))
+        .filter(|_| !unhealthy)
+        .cloned()
+        .unwrap_or_default();
+    let cordoned = annotations
+        .and_then(|a| a.get(keys::DEVICE_CORDON))
+        .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
+        .unwrap_or_default();
+    NodeAnnotations { register, cordoned }
+}
+
+/// A `spec.hard` value of a ResourceQuota that is not a whole number; the
+/// key is ignored (no limit from this object).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("resourcequota {namespace}/{name} {key}: {error}")]
+pub struct BadQuota {
+    /// Namespace.
+    pub namespace: String,
+    /// Quota name.
+    pub name: String,
+    /// The `spec.hard` key.
+    pub key: String,
+    /// Why the value does not parse.
+    #[source]
+    pub error: QuantityError,
+}
+
+/// A ResourceQuota's GPU limits, read from `limits.<gpumem>` and
+/// `limits.<gpucores>` (other keys are not ours), with the values that did
+/// not parse (those keys limit nothing). `None` for a quota without a
+/// namespace or name.
+#[must_use]
+pub fn quota_limits(
+    quota: &ResourceQuota,
+    names: &ResourceNames,
+) -> Option<(QuotaLimits, Vec<BadQuota>)> {
+    let (Some(namespace), Some(name)) = (
+        quota.metadata.namespace.as_deref(),
+        quota.metadata.name.as_deref(),
+    ) else {
+        return None;
+    };
+    let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
+    let mut bad = Vec::new();
+    let mut read = |resource: &str| -> Option<u64> {
+        let key = format!("limits.{resource}");
+        let q = hard?.get(&key)?;
+        match parse_whole(&q.0) {
+            Ok(v) => Some(v.unsigned_abs()),
+            Err(error) => {
+                bad.push(BadQuota {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    key,
+                    error,
+                });
+                None
+            }
+        }
+    };
+    let limits = QuotaLimits {
+        memory_mib: read(&names.resource_mem),
+        cores: read(&names.resource_cores),
+    };
+    Some((limits, bad))
+}
