@@ -599,7 +599,16 @@ impl Cluster {
     /// # Errors
     /// A [`ClusterError`] naming the component that failed.
     pub async fn start(spec: ClusterSpec) -> Result<Self, ClusterError> {
-        let dir = tempfile::Builder::new().prefix("gpuslice-").tempdir()?;
+        // GPUSLICE_KEEP_CLUSTER_DIR=1 keeps the folder (every process's log)
+        // after the cluster stops, for a failing test's post-mortem.
+        let keep = std::env::var_os("GPUSLICE_KEEP_CLUSTER_DIR").is_some();
+        let dir = tempfile::Builder::new()
+            .prefix("gpuslice-")
+            .disable_cleanup(keep)
+            .tempdir()?;
+        if keep {
+            eprintln!("cluster folder (kept): {}", dir.path().display());
+        }
         if spec.kubelet == KubeletKind::Real && spec.control_plane != ControlPlaneKind::Real {
             return Err(start_err(
                 "kubelet",
