@@ -2,6 +2,7 @@
 //! HTTP extender (`serve`), and the trace simulator (`simulate`), both over
 //! the same pure scheduling [`core`].
 
+pub mod body;
 pub mod cache;
 pub mod clock;
 pub mod convert;

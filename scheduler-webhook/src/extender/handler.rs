@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::bind::bind;
 use super::wire::{ExtenderBindingResult, ExtenderFilterResult, decode_bind, decode_filter};
+use crate::body::Body;
 use crate::cache::model::FilterOutcome;
 use crate::cache::owner::ModelHandle;
 use crate::events::{EventSink, PodEvent};
@@ -54,7 +55,7 @@ fn bad_request(error: &dyn std::fmt::Display) -> HttpResponse {
     HttpResponse::BadRequest().json(serde_json::json!({"Error": error.to_string()}))
 }
 
-async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpResponse {
+async fn filter(body: Body, state: web::Data<ExtenderState>) -> HttpResponse {
     let args = match decode_filter(&body) {
         Ok(a) => a,
         Err(error) => {
@@ -156,7 +157,7 @@ async fn filter(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpRespon
     HttpResponse::Ok().json(result)
 }
 
-async fn bind_route(body: web::Bytes, state: web::Data<ExtenderState>) -> HttpResponse {
+async fn bind_route(body: Body, state: web::Data<ExtenderState>) -> HttpResponse {
     let args = match decode_bind(&body) {
         Ok(a) => a,
         Err(error) => {

@@ -7,6 +7,7 @@ use tracing::{info, warn};
 
 use super::WebhookConfig;
 use super::review::{BadReview, decide};
+use crate::body::Body;
 use crate::cache::owner::ModelHandle;
 
 /// Largest request body accepted, as kube-apiserver and HAMi use (1 MiB).
@@ -22,7 +23,7 @@ pub fn configure(cfg: &mut web::ServiceConfig, config: WebhookConfig) {
 }
 
 async fn webhook(
-    body: web::Bytes,
+    body: Body,
     config: web::Data<WebhookConfig>,
     model: Option<web::Data<ModelHandle>>,
 ) -> HttpResponse {
