@@ -250,7 +250,11 @@ async fn a_node_that_never_registers_is_waited_for_once_and_for_a_bounded_time()
     let again = Instant::now();
     let second = handle.filter(big, both, true).await.unwrap();
     assert!(matches!(second, FilterOutcome::NoFit { .. }), "{second:?}");
-    assert_eq!(again.elapsed(), std::time::Duration::ZERO, "not twice");
+    assert_eq!(
+        again.elapsed(),
+        owner::CATCH_UP_WAIT,
+        "not twice: only the catch-up wait of a verdict of no fit"
+    );
 
     // It registers later: it is a candidate like any other again.
     apply(&handle, node("cpu-only", 1)).await;
@@ -272,4 +276,68 @@ async fn a_pod_that_fits_a_registered_node_is_placed_without_waiting() {
         .unwrap();
     assert_eq!(placed_on(&outcome), Some("n1"), "{outcome:?}");
     assert_eq!(start.elapsed(), std::time::Duration::ZERO);
+}
+
+fn pod_asking(uid: &str, mem: u32) -> Pod {
+    let mut pod = slice_pod_json(uid);
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] =
+        json!(mem.to_string());
+    serde_json::from_value(pod).unwrap()
+}
+
+/// kube-scheduler retries a rejected pod on the event that freed room (a pod
+/// finishing) a few milliseconds before our watch delivers it; the filter
+/// where nothing fits waits for the model's next change and decides again,
+/// instead of refusing the pod with no later event to retry on.
+#[tokio::test(start_paused = true)]
+async fn a_filter_where_nothing_fits_decides_again_when_a_pod_leaves_meanwhile() {
+    let handle = model();
+    apply(&handle, node("n1", 1)).await;
+    let big = handle
+        .filter(pod_asking("big", 16000), candidates(&["n1"]), true)
+        .await
+        .unwrap();
+    assert_eq!(placed_on(&big), Some("n1"), "{big:?}");
+    let filter = tokio::spawn({
+        let handle = handle.clone();
+        async move {
+            handle
+                .filter(slice_pod("b"), candidates(&["n1"]), true)
+                .await
+        }
+    });
+    round_trip(&handle).await;
+    round_trip(&handle).await;
+    assert!(
+        !filter.is_finished(),
+        "the filter refused at once, before the model caught up: {:?}",
+        filter.await
+    );
+    handle
+        .send(Command::DeletePod("big".to_owned()))
+        .await
+        .unwrap();
+    let outcome = filter.await.unwrap().unwrap();
+    assert_eq!(placed_on(&outcome), Some("n1"), "{outcome:?}");
+}
+
+/// With no change to wait for, a filter where nothing fits answers so after
+/// the bounded catch-up wait.
+#[tokio::test(start_paused = true)]
+async fn a_filter_where_nothing_fits_answers_after_the_bounded_wait() {
+    let handle = model();
+    apply(&handle, node("n1", 1)).await;
+    let started = Instant::now();
+    let outcome = handle
+        .filter(pod_asking("huge", 20000), candidates(&["n1"]), true)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, FilterOutcome::NoFit { .. }),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() >= owner::CATCH_UP_WAIT,
+        "it waited for the model to catch up"
+    );
 }

@@ -492,7 +492,8 @@ impl ControlPlane {
             format!("--authorization-kubeconfig={k}"),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={port}"),
-            std::env::var("GPUSLICE_KUBE_SCHEDULER_V").map_or_else(|_| "--v=2".into(), |v| format!("--v={v}")),
+            std::env::var("GPUSLICE_KUBE_SCHEDULER_V")
+                .map_or_else(|_| "--v=2".into(), |v| format!("--v={v}")),
         ];
         let program = match hostname {
             None => binary,

@@ -12,6 +12,14 @@
 //! the owner never blocks. A node waited for in vain is not waited for
 //! again until it registers, so a node without GPUs costs one wait, not one
 //! per filter.
+//!
+//! A filter where no candidate fits waits too, bounded by [`CATCH_UP_WAIT`],
+//! for the model's next change (a pod or node event) and decides again.
+//! kube-scheduler retries a pod an extender rejected on the next cluster
+//! event it sees, such as a pod finishing; its watch and ours see that event
+//! milliseconds apart, and a retry answered before our watch delivered it
+//! would be refused again with no later event to retry on, leaving the pod
+//! to kube-scheduler's 5-minute flush (seen on the real control plane).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -28,6 +36,12 @@ use crate::core::quota::QuotaStatus;
 /// How long a filter waits for nodes it names to be registered in the
 /// model (HAMi's filter polls its node cache for up to 100 ms).
 pub const UNREGISTERED_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a filter where nothing fits waits for the model to catch up with
+/// an event kube-scheduler may already have seen (see the module doc). It is
+/// also the extra time a truly unschedulable pod's filter takes when the
+/// cluster is quiet.
+pub const CATCH_UP_WAIT: Duration = Duration::from_millis(50);
 
 /// The kinds the model is fed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,10 +193,13 @@ impl ModelHandle {
         // after that filter is never missed.
         let mut changes = self.nodes.clone();
         changes.borrow_and_update();
+        let catch_up = Instant::now() + CATCH_UP_WAIT;
         let mut pod = Box::new(pod);
         let mut patient = true;
         loop {
             let (reply, rx) = oneshot::channel();
+            // Kept for a second decision should nothing fit.
+            let again = Box::clone(&pod);
             self.send(Command::Filter {
                 pod,
                 candidates: Arc::clone(&candidates),
@@ -192,6 +209,16 @@ impl ModelHandle {
             })
             .await?;
             let (back, missing) = match rx.await.map_err(|_| ModelGone)? {
+                Filtered::Decided(outcome @ FilterOutcome::NoFit { .. }) => {
+                    match tokio::time::timeout_at(catch_up, changes.changed()).await {
+                        Ok(Ok(())) => {
+                            pod = again;
+                            continue;
+                        }
+                        Ok(Err(_)) => return Err(ModelGone),
+                        Err(_) => return Ok(outcome),
+                    }
+                }
                 Filtered::Decided(outcome) => return Ok(outcome),
                 Filtered::Unregistered { pod, nodes } => (pod, nodes),
             };
@@ -311,9 +338,15 @@ async fn run(
     // Nodes a filter waited for in vain (see the module doc).
     let mut given_up: HashSet<String> = HashSet::new();
     while let Some(command) = rx.recv().await {
+        // Filters waiting for unregistered nodes, or for the model to catch
+        // up after a verdict of no fit, wake on every node or pod change.
         let node_change = matches!(
             command,
-            Command::ApplyNode(_) | Command::DeleteNode(_) | Command::RelistDone(Kind::Nodes)
+            Command::ApplyNode(_)
+                | Command::DeleteNode(_)
+                | Command::ApplyPod(_)
+                | Command::DeletePod(_)
+                | Command::RelistDone(Kind::Nodes | Kind::Pods)
         );
         match command {
             Command::ApplyNode(node) => {
