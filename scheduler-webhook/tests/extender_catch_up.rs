@@ -341,3 +341,61 @@ async fn a_filter_where_nothing_fits_answers_after_the_bounded_wait() {
         "it waited for the model to catch up"
     );
 }
+
+fn binding(uid: &str, node: &str) -> scheduler_webhook::extender::wire::ExtenderBindingArgs {
+    scheduler_webhook::extender::wire::ExtenderBindingArgs {
+        pod_name: uid.to_owned(),
+        pod_namespace: "ns".to_owned(),
+        pod_uid: uid.to_owned(),
+        node: node.to_owned(),
+    }
+}
+
+/// A bind for a pod this replica never filtered (or whose decision was
+/// released) is refused before any API call, naming the pod; kube-scheduler
+/// filters it again.
+#[tokio::test]
+async fn a_bind_without_a_filter_decision_is_refused_as_no_decision() {
+    use scheduler_webhook::extender::bind::{BindFailure, bind};
+    let handle = model();
+    mark_listed(&handle, &[Kind::Nodes, Kind::Pods, Kind::Quotas]).await;
+    apply(&handle, node("n1", 1)).await;
+    let err = bind(&offline_client(), &handle, &binding("a", "n1"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, BindFailure::NoDecision(p) if p == "ns/a"),
+        "{err}"
+    );
+}
+
+/// A bind to another node than the one the filter chose is refused, names
+/// both nodes, and drops the reservation (nothing stays booked on the
+/// chosen node for a pod that will be filtered again).
+#[tokio::test]
+async fn a_bind_to_another_node_is_refused_and_releases_the_reservation() {
+    use scheduler_webhook::extender::bind::{BindFailure, bind};
+    let handle = model();
+    // Listed empty first (a relist drops what it did not deliver), then the
+    // nodes arrive as watch events.
+    mark_listed(&handle, &[Kind::Nodes, Kind::Pods, Kind::Quotas]).await;
+    apply(&handle, node("n1", 1)).await;
+    apply(&handle, node("n2", 1)).await;
+    let placed = handle
+        .filter(slice_pod("a"), candidates(&["n1"]), true)
+        .await
+        .unwrap();
+    assert_eq!(placed_on(&placed), Some("n1"), "{placed:?}");
+    assert!(handle.decision("a").await.unwrap().is_some());
+    let err = bind(&offline_client(), &handle, &binding("a", "n2"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, BindFailure::WrongNode { asked, chosen } if asked == "n2" && chosen == "n1"),
+        "{err}"
+    );
+    assert!(
+        handle.decision("a").await.unwrap().is_none(),
+        "the reservation was released"
+    );
+}
