@@ -6,7 +6,6 @@
 //! in the cluster's folder; a failure to start quotes the end of that log.
 
 use std::fs::File;
-use std::io::{BufRead as _, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -95,6 +94,51 @@ impl Process {
         format!("last lines of {}:\n  {tail}", self.log.display())
     }
 
+    /// Waits until the process printed the line `ready` (etcd and fake-cri
+    /// do once they serve), failing when it exits or the deadline passes.
+    ///
+    /// # Errors
+    /// It exited, or did not print the line in time; the message quotes its log.
+    pub async fn wait_ready_line(&mut self, deadline: Duration) -> Result<(), String> {
+        let what = format!("{} printing \"ready\"", self.name);
+        self.wait_until(&what, deadline, |p| {
+            std::fs::read_to_string(&p.log)
+                .is_ok_and(|t| t.lines().any(|l| l == "ready"))
+                .then_some(())
+        })
+        .await
+    }
+
+    /// Polls `probe` (100 ms apart: a child's output and exit raise no event
+    /// here) until it gives a value, failing when the process exits or the
+    /// deadline passes.
+    ///
+    /// # Errors
+    /// It exited, or the probe gave nothing in time; the message quotes its log.
+    pub async fn wait_until<T>(
+        &mut self,
+        what: &str,
+        deadline: Duration,
+        probe: impl Fn(&Self) -> Option<T>,
+    ) -> Result<T, String> {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = probe(self) {
+                return Ok(v);
+            }
+            if let Some(reason) = self.exited() {
+                return Err(reason);
+            }
+            if start.elapsed() > deadline {
+                return Err(format!(
+                    "{what}: not within {deadline:?}; {}",
+                    self.log_tail()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Kills it (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -142,37 +186,6 @@ pub struct ControlPlane {
     etcd: Process,
 }
 
-fn wait_line(
-    process: &mut Process,
-    stdout_file: &Path,
-    want: &str,
-    deadline: Duration,
-) -> Result<(), String> {
-    // etcd prints "ready" once serving; its stdout is the log file.
-    let start = Instant::now();
-    loop {
-        if let Ok(f) = File::open(stdout_file)
-            && BufReader::new(f)
-                .lines()
-                .map_while(Result::ok)
-                .any(|l| l == want)
-        {
-            return Ok(());
-        }
-        if let Some(reason) = process.exited() {
-            return Err(reason);
-        }
-        if start.elapsed() > deadline {
-            return Err(format!(
-                "{} did not print {want:?} within {deadline:?}; {}",
-                process.name,
-                process.log_tail()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 impl ControlPlane {
     /// Starts etcd, kube-apiserver and kube-controller-manager in `dir` and
     /// waits until the apiserver is ready and the `default` ServiceAccount
@@ -202,10 +215,7 @@ impl ControlPlane {
             ],
             dir,
         )?;
-        let etcd_log = etcd.log.clone();
-        tokio::task::block_in_place(|| {
-            wait_line(&mut etcd, &etcd_log, "ready", Duration::from_secs(60))
-        })?;
+        etcd.wait_ready_line(Duration::from_secs(60)).await?;
 
         let p = |x: &Path| x.display().to_string();
         let apiserver = Process::spawn(

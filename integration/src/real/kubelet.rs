@@ -188,13 +188,7 @@ impl RealKubelet {
             ],
             dir,
         )?;
-        // fake-cri prints "ready" once it serves.
-        wait_until(&mut cri, "fake-cri ready", Duration::from_secs(30), |p| {
-            std::fs::read_to_string(&p.log)
-                .is_ok_and(|t| t.lines().any(|l| l == "ready"))
-                .then_some(())
-        })
-        .await?;
+        cri.wait_ready_line(Duration::from_secs(30)).await?;
 
         let kubeconfig = plane.certificate_kubeconfig(
             &format!("kubelet-{node}"),
@@ -375,30 +369,4 @@ pub fn node_schedulable(node: &Node) -> bool {
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|ts| ts.iter().any(|t| t.effect != "PreferNoSchedule"));
     ready && !tainted
-}
-
-/// Polls `probe` (100 ms apart) until it gives a value, failing when the
-/// process exits or the deadline passes.
-async fn wait_until<T>(
-    process: &mut Process,
-    what: &str,
-    deadline: Duration,
-    probe: impl Fn(&Process) -> Option<T>,
-) -> Result<T, String> {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe(process) {
-            return Ok(v);
-        }
-        if let Some(reason) = process.exited() {
-            return Err(reason);
-        }
-        if start.elapsed() > deadline {
-            return Err(format!(
-                "{what}: not within {deadline:?}; {}",
-                process.log_tail()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

@@ -131,14 +131,17 @@ pub enum Command {
 pub enum Filtered {
     /// The decision.
     Decided(FilterOutcome),
-    /// No node fits, and these candidates have no GPUs in the model yet:
-    /// the pod is handed back to be filtered again after the next node
-    /// change.
-    Unregistered {
+    /// No candidate fits: the pod is handed back with the verdict, to be
+    /// filtered again after the model's next change (bounded), with the
+    /// candidates that have no GPUs in the model yet.
+    Refused {
         /// The pod, to filter again.
         pod: Box<Pod>,
-        /// The candidates without GPUs in the model.
-        nodes: Vec<String>,
+        /// The verdict, answered if nothing changes in time.
+        outcome: FilterOutcome,
+        /// The candidates without GPUs in the model (empty when the filter
+        /// is no longer patient with them).
+        unregistered: Vec<String>,
     },
 }
 
@@ -152,8 +155,8 @@ pub struct ModelGone;
 pub struct ModelHandle {
     tx: mpsc::Sender<Command>,
     ready: watch::Receiver<bool>,
-    /// Bumped by the owner after every node change it applied.
-    nodes: watch::Receiver<u64>,
+    /// Bumped by the owner after every node or pod change it applied.
+    changes: watch::Receiver<u64>,
     /// How long a filter waits for unregistered candidates.
     patience: Duration,
 }
@@ -175,10 +178,10 @@ impl ModelHandle {
         self
     }
 
-    /// Filters a pod (see [`ClusterModel::filter`]). When no node fits and
-    /// some candidates have no GPUs in the model yet, waits for the next
-    /// node change and filters again, until they are registered or the
-    /// handle's patience ([`UNREGISTERED_WAIT`]) runs out.
+    /// Filters a pod (see [`ClusterModel::filter`]). When no node fits, waits
+    /// for the model's next node or pod change and filters again: up to the
+    /// handle's patience ([`UNREGISTERED_WAIT`]) while some candidates have no
+    /// GPUs in the model yet, otherwise up to [`CATCH_UP_WAIT`].
     ///
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
@@ -188,18 +191,17 @@ impl ModelHandle {
         candidates: Arc<[String]>,
         keep: bool,
     ) -> Result<FilterOutcome, ModelGone> {
-        let deadline = Instant::now() + self.patience;
         // Subscribed before the first filter: a change the owner applies
         // after that filter is never missed.
-        let mut changes = self.nodes.clone();
+        let mut changes = self.changes.clone();
         changes.borrow_and_update();
-        let catch_up = Instant::now() + CATCH_UP_WAIT;
+        let start = Instant::now();
+        let catch_up = start + CATCH_UP_WAIT;
+        let patience = start + self.patience;
         let mut pod = Box::new(pod);
         let mut patient = true;
         loop {
             let (reply, rx) = oneshot::channel();
-            // Kept for a second decision should nothing fit.
-            let again = Box::clone(&pod);
             self.send(Command::Filter {
                 pod,
                 candidates: Arc::clone(&candidates),
@@ -208,24 +210,26 @@ impl ModelHandle {
                 reply,
             })
             .await?;
-            let (back, missing) = match rx.await.map_err(|_| ModelGone)? {
-                Filtered::Decided(outcome @ FilterOutcome::NoFit { .. }) => {
-                    match tokio::time::timeout_at(catch_up, changes.changed()).await {
-                        Ok(Ok(())) => {
-                            pod = again;
-                            continue;
-                        }
-                        Ok(Err(_)) => return Err(ModelGone),
-                        Err(_) => return Ok(outcome),
-                    }
-                }
+            let (back, outcome, missing) = match rx.await.map_err(|_| ModelGone)? {
                 Filtered::Decided(outcome) => return Ok(outcome),
-                Filtered::Unregistered { pod, nodes } => (pod, nodes),
+                Filtered::Refused {
+                    pod,
+                    outcome,
+                    unregistered,
+                } => (pod, outcome, unregistered),
             };
             pod = back;
-            match tokio::time::timeout_at(deadline, changes.changed()).await {
+            // Candidates still registering get the handle's patience; a plain
+            // refusal only the catch-up wait.
+            let until = if missing.is_empty() {
+                catch_up
+            } else {
+                patience
+            };
+            match tokio::time::timeout_at(until, changes.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return Err(ModelGone),
+                Err(_) if missing.is_empty() => return Ok(outcome),
                 Err(_) => {
                     debug!(nodes = ?missing, "nodes still unregistered after the wait; not waiting for them again");
                     self.send(Command::GiveUp(missing)).await?;
@@ -308,12 +312,12 @@ impl ModelHandle {
 pub fn spawn(model: ClusterModel) -> ModelHandle {
     let (tx, rx) = mpsc::channel(1024);
     let (ready_tx, ready) = watch::channel(false);
-    let (nodes_tx, nodes) = watch::channel(0);
-    tokio::spawn(run(model, rx, ready_tx, nodes_tx));
+    let (changes_tx, changes) = watch::channel(0);
+    tokio::spawn(run(model, rx, ready_tx, changes_tx));
     ModelHandle {
         tx,
         ready,
-        nodes,
+        changes,
         patience: UNREGISTERED_WAIT,
     }
 }
@@ -332,7 +336,7 @@ async fn run(
     mut model: ClusterModel,
     mut rx: mpsc::Receiver<Command>,
     ready: watch::Sender<bool>,
-    nodes_changed: watch::Sender<u64>,
+    changed: watch::Sender<u64>,
 ) {
     let mut relist = Relist::default();
     // Nodes a filter waited for in vain (see the module doc).
@@ -340,7 +344,7 @@ async fn run(
     while let Some(command) = rx.recv().await {
         // Filters waiting for unregistered nodes, or for the model to catch
         // up after a verdict of no fit, wake on every node or pod change.
-        let node_change = matches!(
+        let change = matches!(
             command,
             Command::ApplyNode(_)
                 | Command::DeleteNode(_)
@@ -431,13 +435,14 @@ async fn run(
                     } else {
                         Vec::new()
                     };
-                let _ = reply.send(if missing.is_empty() {
-                    Filtered::Decided(outcome)
-                } else {
-                    Filtered::Unregistered {
+                let _ = reply.send(if matches!(outcome, FilterOutcome::NoFit { .. }) {
+                    Filtered::Refused {
                         pod,
-                        nodes: missing,
+                        outcome,
+                        unregistered: missing,
                     }
+                } else {
+                    Filtered::Decided(outcome)
                 });
             }
             Command::GiveUp(nodes) => given_up.extend(nodes),
@@ -462,8 +467,8 @@ async fn run(
                 model.release(&uid);
             }
         }
-        if node_change {
-            nodes_changed.send_modify(|v| *v = v.wrapping_add(1));
+        if change {
+            changed.send_modify(|v| *v = v.wrapping_add(1));
         }
         if relist.nodes_listed && relist.pods_listed && relist.quotas_listed && !*ready.borrow() {
             let _ = ready.send(true);
