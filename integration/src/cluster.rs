@@ -451,6 +451,26 @@ fn start_node_daemon(
     ))
 }
 
+/// A `/metrics` page over plain HTTP on loopback.
+async fn scrape(url: &str) -> Result<String, ClusterError> {
+    use http_body_util::BodyExt as _;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let failed = |e: &dyn std::fmt::Display| start_err(format!("scrape {url}"), e);
+    let uri: http::Uri = url.parse().map_err(|e| failed(&e))?;
+    let client: Client<_, http_body_util::Empty<bytes::Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let response = client.get(uri).await.map_err(|e| failed(&e))?;
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| failed(&e))?
+        .to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
 /// Starts each node's fake kubelet (its Kubernetes side with `client`) and
 /// node-daemon (with `daemon_kubeconfig`).
 async fn start_nodes(
@@ -941,22 +961,20 @@ impl Cluster {
     /// # Errors
     /// The scrape failed.
     pub async fn metrics(&self) -> Result<String, ClusterError> {
-        use http_body_util::BodyExt as _;
-        use hyper_util::client::legacy::Client;
-        use hyper_util::rt::TokioExecutor;
+        scrape(&self.metrics_url).await
+    }
 
-        let failed = |e: &dyn std::fmt::Display| start_err("scheduler-webhook /metrics", e);
-        let uri: http::Uri = self.metrics_url.parse().map_err(|e| failed(&e))?;
-        let client: Client<_, http_body_util::Empty<bytes::Bytes>> =
-            Client::builder(TokioExecutor::new()).build_http();
-        let response = client.get(uri).await.map_err(|e| failed(&e))?;
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| failed(&e))?
-            .to_bytes();
-        Ok(String::from_utf8_lossy(&body).into_owned())
+    /// A scheduler replica's `/metrics` text, scraped now (see
+    /// [`Cluster::add_scheduler_replica`]).
+    ///
+    /// # Errors
+    /// There is no replica `i`, or the scrape failed.
+    pub async fn replica_metrics(&self, i: usize) -> Result<String, ClusterError> {
+        let replica = self
+            .replicas
+            .get(i)
+            .ok_or_else(|| start_err("scheduler replica", format!("no replica {i}")))?;
+        scrape(&replica.metrics_url).await
     }
 
     /// The fake scheduler's counters.

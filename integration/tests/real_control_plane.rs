@@ -255,28 +255,14 @@ async fn helm_install_into_the_real_apiserver_accepts_every_object() {
     }
 }
 
-async fn bound_by_extender(metrics_url: &str) -> u64 {
-    let text = reqwest_free_get(metrics_url).await;
-    text.lines()
+/// `gpuslice_bind_results_total{result="bound"}` of a `/metrics` page.
+fn bound_by_extender(metrics: &str) -> u64 {
+    metrics
+        .lines()
         .find(|l| l.starts_with("gpuslice_bind_results_total{result=\"bound\"}"))
         .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
-/// GET over plain HTTP on loopback (the metrics port).
-async fn reqwest_free_get(url: &str) -> String {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let rest = url.trim_start_matches("http://");
-    let (addr, path) = rest.split_once('/').unwrap();
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    body
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// HA as the chart runs it with two scheduler pods: two kube-schedulers
@@ -299,7 +285,6 @@ async fn ha_the_second_scheduler_takes_over_when_the_leader_dies() {
     }
     let replica = cluster.add_scheduler_replica().unwrap();
     let replica_identity = cluster.scheduler_replicas()[replica].identity.clone();
-    let replica_metrics = cluster.scheduler_replicas()[replica].metrics_url.clone();
     let replica_scheduler = cluster.scheduler_replicas()[replica].kube_scheduler;
     let client = cluster.client().await.unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), integration::real::install::NAMESPACE);
@@ -331,11 +316,8 @@ async fn ha_the_second_scheduler_takes_over_when_the_leader_dies() {
     wait_for_pod(&client, "default", "before", DEADLINE, running)
         .await
         .unwrap();
-    assert_eq!(
-        bound_by_extender(&replica_metrics).await,
-        0,
-        "the follower did not bind"
-    );
+    let follower = cluster.replica_metrics(replica).await.unwrap();
+    assert_eq!(bound_by_extender(&follower), 0, "the follower did not bind");
 
     cluster.kill_kube_scheduler(0).unwrap();
     wait_for_object(leases, SCHEDULER_NAME, DEADLINE, |l: &Lease| {
@@ -347,8 +329,9 @@ async fn ha_the_second_scheduler_takes_over_when_the_leader_dies() {
     wait_for_pod(&client, "default", "after", DEADLINE, running)
         .await
         .unwrap();
+    let leader = cluster.replica_metrics(replica).await.unwrap();
     assert_eq!(
-        bound_by_extender(&replica_metrics).await,
+        bound_by_extender(&leader),
         1,
         "the new leader's extender bound the pod (kube-scheduler {replica_scheduler})"
     );
