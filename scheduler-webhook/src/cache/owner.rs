@@ -86,9 +86,9 @@ pub enum Command {
         candidates: Arc<[String]>,
         /// Keep the reservation (false for a dry run).
         keep: bool,
-        /// Answer [`Filtered::Unregistered`] instead of a refusal when
-        /// candidates have no GPUs in the model yet (and were not waited
-        /// for in vain before).
+        /// On a refusal, name in [`Filtered::Refused`] the candidates that
+        /// have no GPUs in the model yet (and were not waited for in vain
+        /// before).
         patient: bool,
         /// Where the answer goes.
         reply: oneshot::Sender<Filtered>,
