@@ -1,10 +1,10 @@
 //! The live workload and fragmentation index behind the `fgd` policy in
 //! `serve`.
 //!
-//! Owns: the shape of every GPU pod the model counts (by UID), the
-//! [`ShapeDistribution`] they add up to, and the [`FgdIndex`] built from it.
-//! Does not own usage: the [`Cluster`] does, and the model tells this module
-//! which node it touched.
+//! Owns: the [`ShapeDistribution`] of the GPU pods the model counts and the
+//! [`FgdIndex`] built from it. Does not own which pod counts which shape
+//! (each pod's record in [`super::pods`] does) nor usage (the [`Cluster`]
+//! does; the pod book tells this module which node it touched).
 //!
 //! **The workload** is the pods currently in the cluster plus those being
 //! scheduled: a pod's shape counts from its first filter, or from the first
@@ -33,7 +33,7 @@
 //! fragmentation by 0 and FGD's tie break (the fuller node, HAMi's binpack
 //! score) would decide.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use crate::core::fgd::{FgdIndex, Shape, ShapeDistribution};
 use crate::core::model::{Cluster, NodeId};
@@ -45,9 +45,7 @@ pub const REBUILD_CHURN_DIVISOR: u64 = 20;
 /// The workload's shapes and the fragmentation index over them.
 #[derive(Debug, Default)]
 pub struct Fragmentation {
-    /// The shape counted for each pod UID.
-    shapes: HashMap<String, Shape>,
-    /// The sum of `shapes`.
+    /// The shapes counted, one per pod.
     workload: ShapeDistribution,
     /// Built on the first `fgd` filter.
     index: Option<FgdIndex>,
@@ -68,38 +66,20 @@ pub struct Fragmentation {
 }
 
 impl Fragmentation {
-    /// Counts `shape` for the pod, replacing the shape counted for it
-    /// before (a pod's requests do not change, so this is normally a no-op
-    /// after the first call).
-    pub fn track(&mut self, uid: &str, shape: Shape) {
-        if let Some(old) = self.shapes.get(uid) {
-            if *old == shape {
-                return;
-            }
-            let old = old.clone();
-            self.forget_shape(&old);
+    /// Counts one pod of `shape` in the workload. The caller's record of
+    /// the pod says which shape it counted, and takes back exactly that.
+    pub fn count(&mut self, shape: Shape) {
+        if self.index.is_some() && !self.built_shapes.contains(&shape) {
+            self.unknown_shape = true;
         }
-        self.observe_shape(shape.clone());
-        self.shapes.insert(uid.to_owned(), shape);
+        self.workload.observe(shape);
+        self.churn += 1;
     }
 
-    /// Stops counting the pod (deleted or finished); harmless when it was
-    /// not counted.
-    pub fn untrack(&mut self, uid: &str) {
-        if let Some(old) = self.shapes.remove(uid) {
-            self.forget_shape(&old);
-        }
-    }
-
-    /// Whether a shape is counted for this pod.
-    #[must_use]
-    pub fn is_tracked(&self, uid: &str) -> bool {
-        self.shapes.contains_key(uid)
-    }
-
-    /// Pods whose shape is counted (for reconciling after a relist).
-    pub fn tracked(&self) -> impl Iterator<Item = &str> {
-        self.shapes.keys().map(String::as_str)
+    /// Stops counting one pod of `shape`.
+    pub fn uncount(&mut self, shape: &Shape) {
+        self.workload.forget(shape);
+        self.churn += 1;
     }
 
     /// The workload's shape distribution.
@@ -162,19 +142,6 @@ impl Fragmentation {
         self.index
             .get_or_insert_with(|| FgdIndex::new(&self.workload, cluster))
     }
-
-    fn observe_shape(&mut self, shape: Shape) {
-        if self.index.is_some() && !self.built_shapes.contains(&shape) {
-            self.unknown_shape = true;
-        }
-        self.workload.observe(shape);
-        self.churn += 1;
-    }
-
-    fn forget_shape(&mut self, shape: &Shape) {
-        self.workload.forget(shape);
-        self.churn += 1;
-    }
 }
 
 #[cfg(test)]
@@ -208,21 +175,16 @@ mod tests {
     }
 
     #[test]
-    fn the_workload_counts_each_pod_once_and_forgets_it() {
+    fn the_workload_counts_and_uncounts_shapes() {
         let mut f = Fragmentation::default();
-        f.track("a", share(500));
-        f.track("a", share(500));
-        f.track("b", share(300));
-        assert_eq!((f.workload().total(), f.workload().len()), (2, 2));
-        // A pod counted with another shape is moved, not doubled.
-        f.track("b", share(500));
+        f.count(share(500));
+        f.count(share(500));
+        f.count(share(300));
+        assert_eq!((f.workload().total(), f.workload().len()), (3, 2));
+        f.uncount(&share(300));
         assert_eq!((f.workload().total(), f.workload().len()), (2, 1));
-        f.untrack("a");
-        f.untrack("a");
-        f.untrack("never");
-        assert_eq!(f.workload().total(), 1);
-        assert!(f.is_tracked("b") && !f.is_tracked("a"));
-        f.untrack("b");
+        f.uncount(&share(500));
+        f.uncount(&share(500));
         assert!(f.workload().is_empty());
     }
 
@@ -230,8 +192,8 @@ mod tests {
     fn a_marked_node_is_refreshed_and_an_unmarked_change_is_not_seen() {
         let mut c = Cluster::new(vec![mk_node("a", 1, 10, 1000), mk_node("b", 1, 10, 1000)]);
         let mut f = Fragmentation::default();
-        for i in 0..40 {
-            f.track(&format!("p{i}"), share(600));
+        for _ in 0..40 {
+            f.count(share(600));
         }
         assert!(f.index(&c).node_fragmentation(0).abs() < 1e-9);
         assert_eq!(f.rebuilds(), 1);
@@ -257,21 +219,21 @@ mod tests {
     fn a_new_shape_or_enough_churn_rebuilds_the_index() {
         let c = Cluster::new(vec![mk_node("a", 1, 10, 1000)]);
         let mut f = Fragmentation::default();
-        for i in 0..40 {
-            f.track(&format!("p{i}"), share(600));
+        for _ in 0..40 {
+            f.count(share(600));
         }
         f.index(&c);
         assert_eq!(f.rebuilds(), 1);
         // One more pod of a known shape: 1 change < 40 / 20.
-        f.track("q0", share(600));
+        f.count(share(600));
         f.index(&c);
         assert_eq!(f.rebuilds(), 1);
         // The second change reaches 5 % of the 40 pods built on.
-        f.untrack("p0");
+        f.uncount(&share(600));
         f.index(&c);
         assert_eq!(f.rebuilds(), 2);
         // A shape the index has no group for rebuilds at once.
-        f.track("q1", share(250));
+        f.count(share(250));
         f.index(&c);
         assert_eq!(f.rebuilds(), 3);
         same_as_fresh(&mut f, &c);

@@ -12,9 +12,10 @@
 //! its amount per GPU times its GPU count; this is the effective pod request
 //! Kubernetes charges to a quota.
 //!
-//! [`QuotaBook`] holds the limits and what every pod (reserved or allocated)
-//! is charged, keyed by pod UID so a charge is replaced, never doubled, and
-//! refunded at once when the pod goes. [`QuotaRoom`] is what is left for one
+//! [`QuotaBook`] holds the limits and each namespace's use, the sum of what
+//! its pods (reserved or allocated) are charged; which pod is charged what
+//! is kept in the scheduler's one record per pod, which replaces a charge
+//! rather than doubling it and takes it back at once when the pod goes. [`QuotaRoom`] is what is left for one
 //! pod: the filter skips a GPU whose pick would exceed it
 //! ([`crate::core::fit::Reason::ResourceQuotaNotFit`]), and the admission
 //! webhook refuses a pod whose own request already does.
@@ -252,7 +253,7 @@ impl fmt::Display for QuotaExceeded {
     }
 }
 
-/// Every namespace's quota limits and what each pod is charged.
+/// Every namespace's quota limits and use.
 #[derive(Debug, Clone, Default)]
 pub struct QuotaBook {
     memory_factor: u64,
@@ -260,8 +261,6 @@ pub struct QuotaBook {
     quotas: HashMap<String, BTreeMap<String, QuotaLimits>>,
     /// Namespace → the sum of its pods' charges.
     used: HashMap<String, QuotaUse>,
-    /// Pod UID → (namespace, charge).
-    charges: HashMap<String, (String, QuotaUse)>,
 }
 
 impl QuotaBook {
@@ -350,36 +349,28 @@ impl QuotaBook {
         Some(self.status(namespace).room())
     }
 
-    /// Charges a pod (replacing its earlier charge, if any).
-    pub fn charge(&mut self, uid: &str, namespace: &str, usage: QuotaUse) {
-        self.refund(uid);
+    /// Adds one pod's charge to its namespace's use. The book keeps sums
+    /// only: who is charged what is the caller's record (the scheduler's
+    /// `PodBook`), which takes back exactly what it added.
+    pub fn add_use(&mut self, namespace: &str, usage: QuotaUse) {
         if usage == QuotaUse::default() {
             return;
         }
         let total = self.used.entry(namespace.to_owned()).or_default();
         *total = total.plus(usage);
-        self.charges
-            .insert(uid.to_owned(), (namespace.to_owned(), usage));
     }
 
-    /// Refunds a pod's charge; `false` when it had none.
-    pub fn refund(&mut self, uid: &str) -> bool {
-        let Some((namespace, usage)) = self.charges.remove(uid) else {
-            return false;
-        };
-        if let Some(total) = self.used.get_mut(&namespace) {
+    /// Takes one pod's charge back from its namespace's use.
+    pub fn remove_use(&mut self, namespace: &str, usage: QuotaUse) {
+        if usage == QuotaUse::default() {
+            return;
+        }
+        if let Some(total) = self.used.get_mut(namespace) {
             *total = total.minus(usage);
             if *total == QuotaUse::default() {
-                self.used.remove(&namespace);
+                self.used.remove(namespace);
             }
         }
-        true
-    }
-
-    /// What a pod is charged.
-    #[must_use]
-    pub fn charge_of(&self, uid: &str) -> Option<QuotaUse> {
-        self.charges.get(uid).map(|(_, u)| *u)
     }
 }
 
@@ -417,18 +408,17 @@ mod tests {
     }
 
     #[test]
-    fn charges_replace_and_refund_and_room_follows() {
+    fn uses_add_up_per_namespace_and_room_follows() {
         let mut book = QuotaBook::new(1);
         book.set_quota("a", "q", limits(Some(6000), Some(100)));
         let use_ = |m, c| QuotaUse {
             memory_mib: m,
             cores: c,
         };
-        book.charge("p1", "a", use_(3000, 30));
-        book.charge("p1", "a", use_(3000, 30));
-        book.charge("p2", "a", use_(1000, 10));
-        book.charge("other", "b", use_(9999, 99));
-        assert_eq!(book.used("a"), use_(4000, 40), "a re-charge replaces");
+        book.add_use("a", use_(3000, 30));
+        book.add_use("a", use_(1000, 10));
+        book.add_use("b", use_(9999, 99));
+        assert_eq!(book.used("a"), use_(4000, 40));
         assert_eq!(
             book.room("a"),
             Some(QuotaRoom {
@@ -436,10 +426,9 @@ mod tests {
                 cores: Some(60)
             })
         );
-        assert!(book.refund("p1"));
-        assert!(!book.refund("p1"), "refunding twice is harmless");
+        book.remove_use("a", use_(3000, 30));
         assert_eq!(book.used("a"), use_(1000, 10));
-        assert!(book.refund("p2"));
+        book.remove_use("a", use_(1000, 10));
         assert_eq!(book.statuses().len(), 2, "a (quota) and b (use)");
         assert_eq!(book.used("a"), QuotaUse::default());
     }
@@ -448,8 +437,7 @@ mod tests {
     fn memory_limit_is_scaled_by_the_memory_factor() {
         let mut book = QuotaBook::new(4);
         book.set_quota("a", "q", limits(Some(10), None));
-        book.charge(
-            "p",
+        book.add_use(
             "a",
             QuotaUse {
                 memory_mib: 12,
@@ -468,8 +456,7 @@ mod tests {
         assert!(!room.admits(1, 0));
         assert!(room.admits(0, 100));
         book.set_quota("a", "q", limits(Some(100), None));
-        book.charge(
-            "p",
+        book.add_use(
             "a",
             QuotaUse {
                 memory_mib: 500,
@@ -701,8 +688,7 @@ mod tests {
     fn the_refusal_message_names_namespace_key_and_numbers() {
         let mut book = QuotaBook::new(1);
         book.set_quota("team-a", "q", limits(Some(6000), Some(100)));
-        book.charge(
-            "p",
+        book.add_use(
             "team-a",
             QuotaUse {
                 memory_mib: 4000,

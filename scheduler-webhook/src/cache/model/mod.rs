@@ -1,0 +1,531 @@
+//! The scheduler's view of the cluster, fed from Kubernetes objects and
+//! asked to place pods: the bridge between `k8s-openapi` types and the pure
+//! [`crate::core`]. Reading the objects is [`crate::convert`]'s.
+//!
+//! Pure and single-owner: one task applies watch events and answers filter
+//! and bind steps in order, so two filters can never book the same slice.
+//! Nothing here performs I/O or reads the clock.
+//!
+//! Every pod it knows has one record in the [`PodBook`]
+//! ([`super::pods`]), which moves the core ledger, the quota use and the
+//! `fgd` workload together; this module reads Kubernetes objects, keeps
+//! the nodes' registrations and asks [`schedule`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod, ResourceQuota};
+use proto::hami::pod_devices::PodDevices;
+use proto::hami::register;
+
+use super::pods::PodBook;
+pub use super::pods::{Decided, SliceSnapshot};
+use crate::convert::{
+    BadQuota, NodeAnnotations, allocation_of, is_finished, node_annotations, pod_lite, quota_limits,
+};
+use crate::core::fgd::{Shape, ShapeDistribution};
+use crate::core::model::{Cluster, Node, NodeId};
+use crate::core::policy::{Policy, SchedulerConfig, schedule};
+use crate::core::quota::QuotaStatus;
+use crate::core::request::{PodRequest, RequestConfig};
+use crate::core::rng::SplitMix64;
+
+/// What a filter concluded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FilterOutcome {
+    /// The pod asks for no GPU: every candidate passes (HAMi does the same).
+    NoGpuRequested,
+    /// Placed and reserved on `node`.
+    Placed {
+        /// The chosen node.
+        node: String,
+        /// What each container gets (init containers first).
+        devices: PodDevices,
+        /// Candidates that did not fit, with HAMi-format reasons.
+        failed: BTreeMap<String, String>,
+    },
+    /// No candidate fits.
+    NoFit {
+        /// Every candidate, with why.
+        failed: BTreeMap<String, String>,
+    },
+    /// The pod's requests cannot be read.
+    Invalid(String),
+}
+
+/// Scheduling configuration of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Node and GPU policies.
+    pub scheduler: SchedulerConfig,
+    /// Resource names and defaults.
+    pub requests: RequestConfig,
+    /// Seed for deterministic tie breaks.
+    pub seed: u64,
+}
+
+/// The cluster model behind `/filter` and `/bind`.
+#[derive(Debug)]
+pub struct ClusterModel {
+    cluster: Cluster,
+    config: ModelConfig,
+    rng: SplitMix64,
+    /// Last register annotation seen per node, so it is decoded only on change.
+    registers: HashMap<String, String>,
+    /// Every pod known, with the quota use and the `fgd` workload.
+    pods: PodBook,
+    /// The previous filter's candidate names and their node ids.
+    resolved: Resolved,
+}
+
+/// Candidate names resolved to node ids, kept from one filter to the next:
+/// kube-scheduler sends the same list pod after pod, and comparing it in
+/// order costs far less than thousands of hash lookups whose keys are
+/// scattered over the heap. Names never leave the cluster (a deleted node
+/// keeps its id), so the ids stay right until a new node registers.
+#[derive(Debug, Default)]
+struct Resolved {
+    names: Vec<String>,
+    ids: Vec<Option<NodeId>>,
+    /// Nodes in the cluster when resolved.
+    nodes: usize,
+}
+
+/// One GPU's capacity and use, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSnapshot {
+    /// Node name.
+    pub node: String,
+    /// GPU UUID.
+    pub uuid: String,
+    /// GPU index on the node.
+    pub index: u32,
+    /// GPU type.
+    pub device_type: String,
+    /// Device memory, MiB.
+    pub memory_mib: u64,
+    /// Device cores, percent.
+    pub cores: u32,
+    /// Split count.
+    pub slots: u32,
+    /// Slots in use.
+    pub used_slots: u32,
+    /// Memory in use, MiB.
+    pub used_memory_mib: u64,
+    /// Cores in use, percent.
+    pub used_cores: u32,
+}
+
+impl ClusterModel {
+    /// An empty model.
+    #[must_use]
+    pub fn new(config: ModelConfig) -> Self {
+        Self {
+            cluster: Cluster::new(Vec::new()),
+            rng: SplitMix64::new(config.seed),
+            pods: PodBook::new(config.requests.memory_factor),
+            config,
+            registers: HashMap::new(),
+            resolved: Resolved::default(),
+        }
+    }
+
+    /// The core cluster (read-only).
+    #[must_use]
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Applies a node from the watch. The register annotation is decoded
+    /// only when it changed; a node without one has no GPUs.
+    ///
+    /// # Errors
+    /// The register annotation does not decode; the node keeps its previous GPUs.
+    pub fn apply_node(&mut self, node: &KubeNode) -> Result<(), register::RegisterError> {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return Ok(());
+        };
+        let NodeAnnotations {
+            register: value,
+            cordoned,
+        } = node_annotations(node);
+        if self.registers.get(name) != Some(&value) || self.cluster.node_id(name).is_none() {
+            let devices = if value.is_empty() {
+                Vec::new()
+            } else {
+                register::decode(&value)?
+            };
+            let mut fresh = Node::from_register(name, &devices);
+            fresh.set_cordoned(&cordoned);
+            let id = self.cluster.upsert_node(fresh);
+            self.pods.node_changed(id);
+            self.registers.insert(name.to_owned(), value);
+            self.pods.node_registered(&mut self.cluster, name);
+        } else if let Some(id) = self.cluster.node_id(name)
+            && let Some(existing) = self.cluster.node(id)
+        {
+            let mut updated = existing.clone();
+            updated.set_cordoned(&cordoned);
+            if updated != *existing {
+                self.cluster.upsert_node(updated);
+                self.pods.node_changed(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// A node was deleted: it keeps its name but offers no GPUs.
+    pub fn delete_node(&mut self, name: &str) {
+        if self.cluster.node_id(name).is_some() {
+            let id = self.cluster.upsert_node(Node::from_register(name, &[]));
+            self.pods.node_changed(id);
+        }
+        self.registers.remove(name);
+    }
+
+    /// Applies a pod from the watch: a live pod carrying an allocation
+    /// (`hami.io/vgpu-node` + `vgpu-devices-allocated`) holds it; a finished
+    /// pod releases whatever it held at once.
+    pub fn apply_pod(&mut self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return;
+        };
+        if is_finished(pod) {
+            self.delete_pod(uid);
+            return;
+        }
+        if let Some(allocation) = allocation_of(pod) {
+            let requests = &self.config.requests;
+            self.pods.allocated(
+                &mut self.cluster,
+                uid,
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                allocation,
+                // Its requests do not change: read its shape once.
+                || shape_of(pod, requests),
+            );
+        }
+    }
+
+    /// A pod is gone: release what it held or reserved, and stop counting
+    /// its shape.
+    pub fn delete_pod(&mut self, uid: &str) {
+        self.pods.remove(&mut self.cluster, uid);
+    }
+
+    /// Every pod known, with the quota use and the `fgd` workload.
+    #[must_use]
+    pub fn pods(&self) -> &PodBook {
+        &self.pods
+    }
+
+    /// Checks the pod book's sums and the ledger against its records (see
+    /// [`PodBook::check`]).
+    ///
+    /// # Errors
+    /// The first disagreement found.
+    pub fn check(&self) -> Result<(), String> {
+        self.pods.check(&self.cluster)
+    }
+
+    /// The workload `fgd` places for: the shapes of the GPU pods in the
+    /// cluster and of those being scheduled.
+    #[must_use]
+    pub fn workload(&self) -> &ShapeDistribution {
+        self.pods.workload()
+    }
+
+    /// Whole rebuilds of the fragmentation index so far.
+    #[must_use]
+    pub fn fgd_rebuilds(&self) -> u64 {
+        self.pods.fgd_rebuilds()
+    }
+
+    /// Applies a ResourceQuota from the watch: its `limits.<gpumem>` and
+    /// `limits.<gpucores>` (other keys are not ours). A value that does not
+    /// parse is ignored and reported; the rest of the quota still applies.
+    ///
+    /// # Errors
+    /// One [`BadQuota`] per value ignored.
+    pub fn apply_quota(&mut self, quota: &ResourceQuota) -> Result<(), Vec<BadQuota>> {
+        let Some((limits, bad)) = quota_limits(quota, &self.config.requests.names) else {
+            return Ok(());
+        };
+        let (Some(namespace), Some(name)) = (
+            quota.metadata.namespace.as_deref(),
+            quota.metadata.name.as_deref(),
+        ) else {
+            return Ok(());
+        };
+        self.pods.set_quota(namespace, name, limits);
+        if bad.is_empty() { Ok(()) } else { Err(bad) }
+    }
+
+    /// A ResourceQuota was deleted.
+    pub fn delete_quota(&mut self, namespace: &str, name: &str) {
+        self.pods.remove_quota(namespace, name);
+    }
+
+    /// One namespace's quota limits and use; `None` when it has no quota.
+    #[must_use]
+    pub fn quota_status(&self, namespace: &str) -> Option<QuotaStatus> {
+        self.pods.quota_status(namespace)
+    }
+
+    /// Every namespace with a quota or GPU use (for metrics).
+    #[must_use]
+    pub fn quota_snapshot(&self) -> Vec<QuotaStatus> {
+        self.pods.quota_statuses()
+    }
+
+    // === Relist reconciliation ===
+    //
+    // After a watch breaks, its relist is the whole truth for its kind: the
+    // owner collects what the relist delivered and hands it here.
+
+    /// A node relist ended: nodes it did not deliver were deleted meanwhile.
+    pub fn reconcile_nodes(&mut self, seen: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .node_names()
+            .filter(|n| !seen.contains(*n))
+            .map(str::to_owned)
+            .collect();
+        for name in gone {
+            self.delete_node(&name);
+        }
+    }
+
+    /// A pod relist ended: pods known from their annotations that it did
+    /// not deliver are deleted. Pods counted in the fgd workload that it
+    /// did not deliver lose only their shape (a pod created after the list
+    /// and filtered meanwhile is counted again at its next filter or when
+    /// its allocation is seen).
+    pub fn reconcile_pods(&mut self, seen: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .pods
+            .allocated_pods()
+            .filter(|u| !seen.contains(*u))
+            .map(str::to_owned)
+            .collect();
+        for uid in gone {
+            self.delete_pod(&uid);
+        }
+        let gone: Vec<String> = self
+            .pods
+            .counted_pods()
+            .filter(|u| !seen.contains(*u))
+            .map(str::to_owned)
+            .collect();
+        for uid in gone {
+            self.pods.forget_shape(&uid);
+        }
+    }
+
+    /// A ResourceQuota relist ended: quotas it did not deliver were deleted.
+    pub fn reconcile_quotas(&mut self, seen: &HashSet<(String, String)>) {
+        let gone: Vec<(String, String)> = self
+            .pods
+            .quota_keys()
+            .filter(|(ns, name)| !seen.contains(&((*ns).to_owned(), (*name).to_owned())))
+            .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+            .collect();
+        for (ns, name) in gone {
+            self.delete_quota(&ns, &name);
+        }
+    }
+
+    /// Every GPU with its use.
+    #[must_use]
+    pub fn gpu_snapshot(&self) -> Vec<GpuSnapshot> {
+        self.cluster
+            .nodes()
+            .iter()
+            .flat_map(|node| {
+                node.gpus
+                    .iter()
+                    .zip(&node.usage)
+                    .map(|(gpu, usage)| GpuSnapshot {
+                        node: node.name.clone(),
+                        uuid: gpu.uuid.clone(),
+                        index: gpu.index,
+                        device_type: gpu.device_type.clone(),
+                        memory_mib: gpu.devmem,
+                        cores: gpu.devcore,
+                        slots: gpu.count,
+                        used_slots: usage.used,
+                        used_memory_mib: usage.usedmem,
+                        used_cores: usage.usedcores,
+                    })
+            })
+            .collect()
+    }
+
+    /// Every container slice of every pod known from its annotations.
+    #[must_use]
+    pub fn slice_snapshot(&self) -> Vec<SliceSnapshot> {
+        self.pods.slices()
+    }
+
+    /// The candidates the model has no GPUs for: never seen by the watch,
+    /// or seen without a usable `hami.io/node-nvidia-register` (none yet,
+    /// or the handshake marked the node unhealthy).
+    pub fn unregistered<'a>(&self, candidates: &'a [String]) -> impl Iterator<Item = &'a String> {
+        candidates
+            .iter()
+            .filter(|n| self.registers.get(n.as_str()).is_none_or(String::is_empty))
+    }
+
+    /// Nodes known (for reconciling after a relist).
+    pub fn node_names(&self) -> impl Iterator<Item = &str> {
+        self.registers.keys().map(String::as_str)
+    }
+
+    /// Places a pod among `candidates` and reserves the slices for its UID
+    /// (replacing any earlier reservation of the same pod).
+    pub fn filter(&mut self, pod: &Pod, candidates: &[String]) -> FilterOutcome {
+        let lite = match pod_lite(pod) {
+            Ok(l) => l,
+            Err(e) => return FilterOutcome::Invalid(e),
+        };
+        let mut request = match PodRequest::from_pod(&lite, &self.config.requests) {
+            Ok(r) => r,
+            Err(e) => return FilterOutcome::Invalid(e.to_string()),
+        };
+        if !request.wants_gpu() {
+            return FilterOutcome::NoGpuRequested;
+        }
+        // The pod is part of the workload from now on (placed or not: it
+        // is demand), until it is deleted or finishes; HAMi drops its
+        // earlier reservation before fitting it again.
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        self.pods.filtering(
+            &mut self.cluster,
+            &lite.uid,
+            namespace,
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            Shape::of_request(&request),
+        );
+        request.constraints.quota = self.pods.quota_room(namespace);
+
+        let mut failed = BTreeMap::new();
+        let mut ids = Vec::with_capacity(candidates.len());
+        for (name, id) in candidates.iter().zip(self.resolve(candidates)) {
+            match id {
+                Some(id) => ids.push(*id),
+                None => {
+                    failed.insert(name.clone(), "node unregistered".to_owned());
+                }
+            }
+        }
+        let name_of =
+            |cluster: &Cluster, id| cluster.node(id).map(|n| n.name.clone()).unwrap_or_default();
+        // Only an fgd pod touches the index; binpack and spread do no
+        // per-node work for it.
+        let fgd = request
+            .node_policy
+            .unwrap_or(self.config.scheduler.node_policy)
+            == Policy::Fgd;
+        let index = if fgd {
+            Some(self.pods.fgd_index(&self.cluster))
+        } else {
+            None
+        };
+        match schedule(
+            &self.cluster,
+            &request,
+            ids,
+            &self.config.scheduler,
+            index,
+            &mut self.rng,
+        ) {
+            Ok(decision) => {
+                for (id, why) in &decision.failed {
+                    failed.insert(name_of(&self.cluster, *id), why.to_string());
+                }
+                let Some(node) = self.cluster.node(decision.node) else {
+                    return FilterOutcome::NoFit { failed };
+                };
+                let devices = decision.pod_devices(node);
+                let node_name = node.name.clone();
+                let decided = Decided {
+                    node: node_name.clone(),
+                    devices: devices.clone(),
+                };
+                match self.pods.reserve(
+                    &mut self.cluster,
+                    &lite.uid,
+                    decision.node,
+                    decided,
+                    decision.init_count(),
+                ) {
+                    Ok(()) => FilterOutcome::Placed {
+                        node: node_name,
+                        devices,
+                        failed,
+                    },
+                    Err(e) => {
+                        failed.insert(node_name, e.to_string());
+                        FilterOutcome::NoFit { failed }
+                    }
+                }
+            }
+            Err(crate::core::policy::ScheduleError::NoNodeFits { failed: refused }) => {
+                for (id, why) in refused {
+                    failed.insert(name_of(&self.cluster, id), why.to_string());
+                }
+                FilterOutcome::NoFit { failed }
+            }
+            Err(e) => FilterOutcome::Invalid(e.to_string()),
+        }
+    }
+
+    /// The node id of each candidate name (`None`: not registered), from
+    /// the previous filter's resolution when the list is the same.
+    fn resolve(&mut self, candidates: &[String]) -> &[Option<NodeId>] {
+        let nodes = self.cluster.nodes().len();
+        let r = &mut self.resolved;
+        if r.nodes != nodes || r.names.as_slice() != candidates {
+            r.ids = candidates.iter().map(|n| self.cluster.node_id(n)).collect();
+            r.names = candidates.to_vec();
+            r.nodes = nodes;
+        }
+        &r.ids
+    }
+
+    /// The filter decision waiting for this pod's bind.
+    #[must_use]
+    pub fn decision(&self, uid: &str) -> Option<&Decided> {
+        self.pods.decision(uid)
+    }
+
+    /// Marks a pod's reservation bound.
+    ///
+    /// # Errors
+    /// The pod has no reservation (it was never filtered here, or was released).
+    pub fn commit(&mut self, uid: &str) -> Result<(), crate::core::reservation::ReservationError> {
+        self.pods.bound(&mut self.cluster, uid)
+    }
+
+    /// Drops a pod's reservation (bind failed); harmless when there is none.
+    /// The pod's shape still counts: kube-scheduler will filter it again.
+    pub fn release(&mut self, uid: &str) -> bool {
+        self.pods.bind_failed(&mut self.cluster, uid)
+    }
+
+    /// The node a pod holds or reserved slices on.
+    #[must_use]
+    pub fn node_of(&self, uid: &str) -> Option<&str> {
+        let usage = self.cluster.pod_usage(uid)?;
+        self.cluster.node(usage.node).map(|n| n.name.as_str())
+    }
+}
+
+/// The shape of a pod's requests, when they read and ask for a GPU.
+fn shape_of(pod: &Pod, requests: &RequestConfig) -> Option<Shape> {
+    let lite = pod_lite(pod).ok()?;
+    let request = PodRequest::from_pod(&lite, requests).ok()?;
+    request.wants_gpu().then(|| Shape::of_request(&request))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,676 @@
+//! The model's behaviour, driven through its public methods.
+use proto::hami::keys;
+use proto::hami::register::NodeDevice;
+use serde_json::json;
+
+use super::*;
+
+fn config() -> ModelConfig {
+    ModelConfig {
+        scheduler: SchedulerConfig::default(),
+        requests: RequestConfig::default(),
+        seed: 7,
+    }
+}
+
+fn kube_node(name: &str, gpus: u32, mem: u32) -> KubeNode {
+    let devices: Vec<NodeDevice> = (0..gpus)
+        .map(|i| NodeDevice {
+            id: format!("GPU-{name}-{i}"),
+            index: i,
+            count: 10,
+            devmem: mem,
+            devcore: 100,
+            device_type: "NVIDIA-Tesla T4".into(),
+            numa: 0,
+            mode: "hami-core".into(),
+            health: true,
+        })
+        .collect();
+    serde_json::from_value(json!({"metadata": {"name": name, "annotations": {
+        keys::NODE_NVIDIA_REGISTER: register::encode_json(&devices).unwrap()
+    }}}))
+    .unwrap()
+}
+
+fn slice_pod(uid: &str, mem: u32, cores: u32) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {
+            "nvidia.com/gpu": "1", "nvidia.com/gpumem": mem.to_string(), "nvidia.com/gpucores": cores.to_string()}}}]}
+    }))
+    .unwrap()
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn a_slice_is_placed_and_reserved_so_the_next_filter_sees_it() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+    let FilterOutcome::Placed { node, devices, .. } =
+        model.filter(&slice_pod("a", 600, 10), &names(&["n1"]))
+    else {
+        panic!("expected a placement");
+    };
+    assert_eq!(node, "n1");
+    assert_eq!(devices.to_string(), "GPU-n1-0,NVIDIA,600,10:;");
+    assert_eq!(model.decision("a").map(|d| d.node.as_str()), Some("n1"));
+    // 400 MiB left: a second 600 MiB pod does not fit.
+    let FilterOutcome::NoFit { failed } = model.filter(&slice_pod("b", 600, 10), &names(&["n1"]))
+    else {
+        panic!("expected no fit");
+    };
+    assert_eq!(failed["n1"], "1/1 CardInsufficientMemory");
+    // Filtering the first pod again replaces, not doubles, its reservation.
+    assert!(matches!(
+        model.filter(&slice_pod("a", 600, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    // Releasing makes room and forgets the decision.
+    assert!(model.release("a"));
+    assert!(model.decision("a").is_none());
+    assert!(matches!(
+        model.filter(&slice_pod("b", 600, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    model.check().unwrap();
+}
+
+#[test]
+fn unknown_candidates_are_reported_unregistered() {
+    let mut model = ClusterModel::new(config());
+    let FilterOutcome::NoFit { failed } =
+        model.filter(&slice_pod("a", 100, 10), &names(&["ghost"]))
+    else {
+        panic!("expected no fit");
+    };
+    assert_eq!(failed["ghost"], "node unregistered");
+    // The same list again, once the node has registered: it is found,
+    // not answered from the previous resolution.
+    model.apply_node(&kube_node("ghost", 1, 1000)).unwrap();
+    assert!(matches!(
+        model.filter(&slice_pod("a", 100, 10), &names(&["ghost"])),
+        FilterOutcome::Placed { .. }
+    ));
+    // A different list is resolved afresh.
+    let FilterOutcome::Placed { failed, .. } =
+        model.filter(&slice_pod("b", 100, 10), &names(&["nobody", "ghost"]))
+    else {
+        panic!("ghost fits");
+    };
+    assert_eq!(failed["nobody"], "node unregistered");
+}
+
+#[test]
+fn pods_without_gpu_pass_and_bad_quantities_are_invalid() {
+    let mut model = ClusterModel::new(config());
+    let cpu_pod: Pod = serde_json::from_value(
+        json!({"metadata": {"uid": "x"}, "spec": {"containers": [{"name": "c"}]}}),
+    )
+    .unwrap();
+    assert_eq!(
+        model.filter(&cpu_pod, &names(&["n1"])),
+        FilterOutcome::NoGpuRequested
+    );
+    let mut bad = slice_pod("y", 1, 1);
+    bad.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .limits
+        .as_mut()
+        .unwrap()
+        .insert(
+            "nvidia.com/gpumem".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("lots".into()),
+        );
+    let FilterOutcome::Invalid(why) = model.filter(&bad, &names(&["n1"])) else {
+        panic!("expected invalid");
+    };
+    assert!(why.contains("nvidia.com/gpumem"), "{why}");
+}
+
+#[test]
+fn allocations_from_annotations_count_and_finished_pods_release_them() {
+    let mut model = ClusterModel::new(config());
+    // The pod arrives before its node: its allocation waits for the node.
+    let mut held = slice_pod("held", 900, 10);
+    held.metadata.annotations = Some(BTreeMap::from([
+        (keys::VGPU_NODE.to_owned(), "n1".to_owned()),
+        (
+            keys::VGPU_DEVICES_ALLOCATED.to_owned(),
+            "GPU-n1-0,NVIDIA,900,10:;".to_owned(),
+        ),
+    ]));
+    model.apply_pod(&held);
+    model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+    assert_eq!(model.node_of("held"), Some("n1"));
+    let gpus = model.gpu_snapshot();
+    assert_eq!(
+        (
+            gpus[0].used_slots,
+            gpus[0].used_memory_mib,
+            gpus[0].used_cores
+        ),
+        (1, 900, 10)
+    );
+    let slices = model.slice_snapshot();
+    assert_eq!(slices.len(), 1);
+    assert_eq!(
+        (slices[0].pod.as_str(), slices[0].memory_mib),
+        ("held", 900)
+    );
+    assert!(matches!(
+        model.filter(&slice_pod("b", 200, 10), &names(&["n1"])),
+        FilterOutcome::NoFit { .. }
+    ));
+    held.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+    model.apply_pod(&held);
+    assert_eq!(model.node_of("held"), None);
+    assert!(model.slice_snapshot().is_empty());
+    assert_eq!(model.gpu_snapshot()[0].used_slots, 0);
+    assert!(matches!(
+        model.filter(&slice_pod("b", 200, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    model.check().unwrap();
+}
+
+#[test]
+fn a_bad_register_annotation_is_an_error_and_keeps_the_gpus() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 2, 1000)).unwrap();
+    let broken: KubeNode =
+        serde_json::from_value(json!({"metadata": {"name": "n1", "annotations": {
+        keys::NODE_NVIDIA_REGISTER: "[{\"id\":"}}}))
+        .unwrap();
+    assert!(model.apply_node(&broken).is_err());
+    let id = model.cluster().node_id("n1").unwrap();
+    assert_eq!(model.cluster().node(id).unwrap().gpus.len(), 2);
+}
+
+#[test]
+fn a_node_marked_unhealthy_offers_no_gpus_until_requested_again() {
+    let mut model = ClusterModel::new(config());
+    let mut node = kube_node("n1", 1, 1000);
+    let annotations = node.metadata.annotations.as_mut().unwrap();
+    annotations.insert(
+        keys::NODE_HANDSHAKE.into(),
+        "Deleted_2025-07-12 01:12:20".into(),
+    );
+    model.apply_node(&node).unwrap();
+    assert!(matches!(
+        model.filter(&slice_pod("a", 100, 10), &names(&["n1"])),
+        FilterOutcome::NoFit { .. }
+    ));
+    let annotations = node.metadata.annotations.as_mut().unwrap();
+    annotations.insert(
+        keys::NODE_HANDSHAKE.into(),
+        "Requesting_2025-07-12 01:13:20".into(),
+    );
+    model.apply_node(&node).unwrap();
+    assert!(matches!(
+        model.filter(&slice_pod("a", 100, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+}
+
+fn quota(ns: &str, name: &str, hard: serde_json::Value) -> ResourceQuota {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"hard": hard}
+    }))
+    .unwrap()
+}
+
+fn used(model: &ClusterModel, ns: &str) -> (u64, u64) {
+    model
+        .quota_snapshot()
+        .iter()
+        .find(|q| q.namespace == ns)
+        .map_or((0, 0), |q| (q.used.memory_mib, q.used.cores))
+}
+
+fn allocated(mut pod: Pod, node: &str, devices: &str) -> Pod {
+    pod.metadata.annotations = Some(BTreeMap::from([
+        (keys::VGPU_NODE.to_owned(), node.to_owned()),
+        (keys::VGPU_DEVICES_ALLOCATED.to_owned(), devices.to_owned()),
+    ]));
+    pod
+}
+
+#[test]
+fn quota_use_follows_reservations_allocations_and_finished_pods() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 2, 10_000)).unwrap();
+    model
+        .apply_quota(&quota(
+            "ns",
+            "gpu",
+            json!({"limits.nvidia.com/gpumem": "5000", "limits.nvidia.com/gpucores": "100"}),
+        ))
+        .unwrap();
+    // A reservation counts at once.
+    assert!(matches!(
+        model.filter(&slice_pod("a", 3000, 30), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    assert_eq!(used(&model, "ns"), (3000, 30));
+    // The next pod sees only the room left: 2000 MiB.
+    let FilterOutcome::NoFit { failed } = model.filter(&slice_pod("b", 2500, 10), &names(&["n1"]))
+    else {
+        panic!("expected no fit");
+    };
+    assert_eq!(failed["n1"], "2/2 ResourceQuotaNotFit");
+    assert_eq!(
+        used(&model, "ns"),
+        (3000, 30),
+        "a failed filter charges nothing"
+    );
+    // Filtering the same pod again replaces its charge.
+    assert!(matches!(
+        model.filter(&slice_pod("a", 3000, 30), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    assert_eq!(used(&model, "ns"), (3000, 30));
+    // Released (bind failed): refunded.
+    model.release("a");
+    assert_eq!(used(&model, "ns"), (0, 0));
+    // An allocation from annotations counts; a finished pod refunds it.
+    let mut held = allocated(slice_pod("held", 0, 0), "n1", "GPU-n1-0,NVIDIA,4000,20:;");
+    model.apply_pod(&held);
+    assert_eq!(used(&model, "ns"), (4000, 20));
+    held.status = Some(serde_json::from_value(json!({"phase": "Failed"})).unwrap());
+    model.apply_pod(&held);
+    assert_eq!(used(&model, "ns"), (0, 0));
+    // A deleted pod refunds too, and other namespaces are not charged here.
+    model.apply_pod(&allocated(
+        slice_pod("gone", 0, 0),
+        "n1",
+        "GPU-n1-1,NVIDIA,1000,10:;",
+    ));
+    assert_eq!(used(&model, "ns"), (1000, 10));
+    model.delete_pod("gone");
+    assert_eq!(used(&model, "ns"), (0, 0));
+    model.check().unwrap();
+}
+
+#[test]
+fn the_tightest_quota_wins_and_deleting_it_loosens_the_limit() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 10_000)).unwrap();
+    model
+        .apply_quota(&quota(
+            "ns",
+            "wide",
+            json!({"limits.nvidia.com/gpumem": "8000", "pods": "10"}),
+        ))
+        .unwrap();
+    model
+        .apply_quota(&quota(
+            "ns",
+            "tight",
+            json!({"limits.nvidia.com/gpumem": "2Ki"}),
+        ))
+        .unwrap();
+    let status = model.quota_status("ns").unwrap();
+    assert_eq!(status.limits.memory_mib, Some(2048));
+    assert_eq!(status.limits.cores, None);
+    assert!(matches!(
+        model.filter(&slice_pod("a", 3000, 10), &names(&["n1"])),
+        FilterOutcome::NoFit { .. }
+    ));
+    model.delete_quota("ns", "tight");
+    assert_eq!(
+        model.quota_status("ns").unwrap().limits.memory_mib,
+        Some(8000)
+    );
+    assert!(matches!(
+        model.filter(&slice_pod("a", 3000, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    model.delete_quota("ns", "wide");
+    assert_eq!(model.quota_status("ns"), None);
+    assert_eq!(model.pods().quota_keys().count(), 0);
+}
+
+#[test]
+fn a_quota_without_our_keys_or_with_a_bad_value_limits_nothing() {
+    let mut model = ClusterModel::new(config());
+    model
+        .apply_quota(&quota(
+            "ns",
+            "cpu",
+            json!({"limits.cpu": "4", "requests.nvidia.com/gpumem": "10"}),
+        ))
+        .unwrap();
+    assert_eq!(model.quota_status("ns"), None);
+    let bad = model
+        .apply_quota(&quota(
+            "ns",
+            "typo",
+            json!({"limits.nvidia.com/gpumem": "lots", "limits.nvidia.com/gpucores": "50"}),
+        ))
+        .unwrap_err();
+    assert_eq!(bad.len(), 1);
+    assert_eq!(bad[0].key, "limits.nvidia.com/gpumem");
+    assert!(bad[0].to_string().contains("ns/typo"), "{}", bad[0]);
+    let status = model.quota_status("ns").unwrap();
+    assert_eq!(
+        (status.limits.memory_mib, status.limits.cores),
+        (None, Some(50))
+    );
+}
+
+#[test]
+fn quota_keys_follow_the_configured_resource_names() {
+    let mut cfg = config();
+    cfg.requests.names.resource_mem = "example.com/vmem".into();
+    let mut model = ClusterModel::new(cfg);
+    model
+        .apply_quota(&quota(
+            "ns",
+            "q",
+            json!({"limits.nvidia.com/gpumem": "10", "limits.example.com/vmem": "20"}),
+        ))
+        .unwrap();
+    assert_eq!(
+        model.quota_status("ns").unwrap().limits.memory_mib,
+        Some(20)
+    );
+}
+
+fn fgd_config() -> ModelConfig {
+    let mut cfg = config();
+    cfg.scheduler.node_policy = Policy::Fgd;
+    cfg
+}
+
+fn annotated(mut pod: Pod, key: &str, value: &str) -> Pod {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(key.to_owned(), value.to_owned());
+    pod
+}
+
+fn placed_on(outcome: &FilterOutcome) -> &str {
+    match outcome {
+        FilterOutcome::Placed { node, .. } => node,
+        other => panic!("expected a placement, got {other:?}"),
+    }
+}
+
+/// Nodes a and b of one 1000 MiB GPU: a holds a 500 slice, b a 300 one.
+fn half_and_third_used(cfg: ModelConfig) -> ClusterModel {
+    let mut model = ClusterModel::new(cfg);
+    model.apply_node(&kube_node("a", 1, 1000)).unwrap();
+    model.apply_node(&kube_node("b", 1, 1000)).unwrap();
+    model.apply_pod(&allocated(
+        slice_pod("on-a", 500, 50),
+        "a",
+        "GPU-a-0,NVIDIA,500,50:;",
+    ));
+    model.apply_pod(&allocated(
+        slice_pod("on-b", 300, 30),
+        "b",
+        "GPU-b-0,NVIDIA,300,30:;",
+    ));
+    model
+}
+
+#[test]
+fn a_pod_annotated_fgd_goes_where_fragmentation_grows_least_not_to_the_fullest_node() {
+    // Workload {500, 300, 200 milli}, a third each (the pod counts
+    // itself). A 200 pod on a leaves 300 idle, a fragment for the 500
+    // shape: +300/3. On b it leaves 500, usable by every shape: +0.
+    // Binpack takes the fuller node, a.
+    let mut model = half_and_third_used(config());
+    let binpack = model.filter(&slice_pod("p", 200, 20), &names(&["a", "b"]));
+    assert_eq!(placed_on(&binpack), "a");
+
+    let mut model = half_and_third_used(config());
+    let pod = annotated(
+        slice_pod("p", 200, 20),
+        crate::core::request::NODE_POLICY,
+        "fgd",
+    );
+    let fgd = model.filter(&pod, &names(&["a", "b"]));
+    assert_eq!(placed_on(&fgd), "b");
+    assert_eq!(model.workload().total(), 3);
+    assert_eq!(model.fgd_rebuilds(), 1);
+}
+
+#[test]
+fn the_cluster_default_fgd_places_the_first_pod_on_an_empty_cluster() {
+    let mut model = ClusterModel::new(fgd_config());
+    model.apply_node(&kube_node("n1", 2, 1000)).unwrap();
+    assert!(model.workload().is_empty());
+    let outcome = model.filter(&slice_pod("first", 300, 30), &names(&["n1"]));
+    assert_eq!(placed_on(&outcome), "n1");
+    assert_eq!(model.workload().total(), 1, "placed for its own shape");
+}
+
+#[test]
+fn the_workload_grows_with_filtered_and_allocated_pods_and_shrinks_as_they_leave() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+    let total = |m: &ClusterModel| m.workload().total();
+    // Filtered: counted once however often it is filtered or released.
+    model.filter(&slice_pod("a", 300, 30), &names(&["n1"]));
+    model.filter(&slice_pod("a", 300, 30), &names(&["n1"]));
+    model.release("a");
+    assert_eq!(total(&model), 1);
+    // Filtered without a fit: still demand, still counted.
+    let big = model.filter(&slice_pod("big", 2000, 30), &names(&["n1"]));
+    assert!(matches!(big, FilterOutcome::NoFit { .. }));
+    assert_eq!(total(&model), 2);
+    // Known from its annotations (as after a restart), seen twice.
+    let mut held = allocated(slice_pod("held", 400, 40), "n1", "GPU-n1-0,NVIDIA,400,40:;");
+    model.apply_pod(&held);
+    model.apply_pod(&held);
+    assert_eq!(total(&model), 3);
+    assert_eq!(model.workload().len(), 2, "300 and 400 milli pods");
+    // A CPU-only pod is not part of the GPU workload.
+    let cpu_pod: Pod = serde_json::from_value(
+        json!({"metadata": {"uid": "cpu"}, "spec": {"containers": [{"name": "c"}]}}),
+    )
+    .unwrap();
+    model.filter(&cpu_pod, &names(&["n1"]));
+    assert_eq!(total(&model), 3);
+    // Finished, deleted: forgotten.
+    held.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+    model.apply_pod(&held);
+    assert_eq!(total(&model), 2);
+    model.delete_pod("a");
+    model.delete_pod("a");
+    // A relist that did not deliver it.
+    model.reconcile_pods(&HashSet::new());
+    assert_eq!(total(&model), 0);
+    assert_eq!(model.pods().counted_pods().count(), 0);
+    model.check().unwrap();
+}
+
+#[test]
+fn consecutive_fgd_filters_see_each_others_reservations() {
+    // 30 pods of 600 milli and 10 of 400 on a big node keep the
+    // workload large enough that the filters below refresh the index
+    // instead of rebuilding it.
+    let mut model = ClusterModel::new(fgd_config());
+    model.apply_node(&kube_node("big", 40, 1000)).unwrap();
+    for i in 0..40 {
+        let (mem, cores) = if i < 30 { (600, 60) } else { (400, 40) };
+        model.apply_pod(&allocated(
+            slice_pod(&format!("w{i}"), mem, cores),
+            "big",
+            &format!("GPU-big-{i},NVIDIA,{mem},{cores}:;"),
+        ));
+    }
+    model.apply_node(&kube_node("x", 1, 1000)).unwrap();
+    model.apply_node(&kube_node("y", 1, 1000)).unwrap();
+    model.apply_pod(&allocated(
+        slice_pod("on-y", 500, 50),
+        "y",
+        "GPU-y-0,NVIDIA,500,50:;",
+    ));
+    let xy = names(&["x", "y"]);
+    // p1 (600) fits only x.
+    assert_eq!(
+        placed_on(&model.filter(&slice_pod("p1", 600, 60), &xy)),
+        "x"
+    );
+    assert_eq!(model.fgd_rebuilds(), 1);
+    // p2 (400) fills x exactly and removes its 400 fragment; on y it
+    // would leave 100 idle. Only an index that saw p1's reservation
+    // knows x has a fragment to remove (a stale one shows x empty and
+    // sends p2 to y).
+    assert_eq!(
+        placed_on(&model.filter(&slice_pod("p2", 400, 40), &xy)),
+        "x"
+    );
+    assert_eq!(model.fgd_rebuilds(), 1, "refreshed, not rebuilt");
+    // x is now full: nothing more lands there, nothing is double-booked.
+    let FilterOutcome::NoFit { failed } = model.filter(&slice_pod("p3", 600, 60), &xy) else {
+        panic!("expected no fit");
+    };
+    assert_eq!(failed["x"], "1/1 CardInsufficientMemory");
+    let x = model
+        .gpu_snapshot()
+        .into_iter()
+        .find(|g| g.node == "x")
+        .unwrap();
+    assert_eq!((x.used_memory_mib, x.used_cores), (1000, 100));
+    // Releasing p2 is seen by the next fgd filter: x takes a 400 again.
+    model.release("p2");
+    assert_eq!(
+        placed_on(&model.filter(&slice_pod("p4", 400, 40), &xy)),
+        "x"
+    );
+    model.check().unwrap();
+}
+
+#[test]
+fn fgd_filters_never_over_commit_a_gpu() {
+    let mut model = ClusterModel::new(fgd_config());
+    model.apply_node(&kube_node("n1", 2, 1000)).unwrap();
+    model.apply_node(&kube_node("n2", 1, 1000)).unwrap();
+    let all = names(&["n1", "n2"]);
+    let mut placed = 0;
+    for i in 0..12 {
+        let cores = [30, 50, 20, 70][i % 4];
+        let outcome = model.filter(&slice_pod(&format!("p{i}"), cores * 10, cores), &all);
+        if matches!(outcome, FilterOutcome::Placed { .. }) {
+            placed += 1;
+        }
+        for g in model.gpu_snapshot() {
+            assert!(
+                g.used_memory_mib <= g.memory_mib && g.used_cores <= g.cores,
+                "{g:?}"
+            );
+        }
+    }
+    assert!(placed >= 5, "{placed}");
+    model.check().unwrap();
+}
+
+#[test]
+fn cordoned_gpus_are_skipped() {
+    let mut model = ClusterModel::new(config());
+    let mut node = kube_node("n1", 1, 1000);
+    node.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(keys::DEVICE_CORDON.into(), "GPU-n1-0".into());
+    model.apply_node(&node).unwrap();
+    let FilterOutcome::NoFit { failed } = model.filter(&slice_pod("a", 100, 10), &names(&["n1"]))
+    else {
+        panic!("expected no fit");
+    };
+    assert_eq!(failed["n1"], "1/1 CardCordoned");
+}
+
+fn seen(list: &[&str]) -> HashSet<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn a_node_relist_deletes_the_nodes_it_did_not_deliver() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+    model.apply_node(&kube_node("n2", 1, 1000)).unwrap();
+    model.reconcile_nodes(&seen(&["n1"]));
+    assert_eq!(model.node_names().collect::<Vec<_>>(), ["n1"]);
+    assert_eq!(
+        model
+            .unregistered(&names(&["n1", "n2"]))
+            .collect::<Vec<_>>(),
+        ["n2"]
+    );
+    assert!(matches!(
+        model.filter(&slice_pod("a", 100, 10), &names(&["n2"])),
+        FilterOutcome::NoFit { .. }
+    ));
+    model.reconcile_nodes(&seen(&["n1"]));
+    assert_eq!(
+        model.node_names().count(),
+        1,
+        "a second relist changes nothing"
+    );
+}
+
+#[test]
+fn a_pod_relist_releases_vanished_allocations_and_forgets_vanished_shapes_only() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 2, 10_000)).unwrap();
+    model.apply_pod(&allocated(
+        slice_pod("held", 0, 0),
+        "n1",
+        "GPU-n1-0,NVIDIA,4000,20:;",
+    ));
+    model.apply_pod(&allocated(
+        slice_pod("kept", 0, 0),
+        "n1",
+        "GPU-n1-1,NVIDIA,1000,10:;",
+    ));
+    assert!(matches!(
+        model.filter(&slice_pod("filtered", 500, 5), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    assert_eq!(used(&model, "ns"), (5500, 35));
+    model.reconcile_pods(&seen(&["kept"]));
+    // "held" vanished: released and refunded.
+    assert_eq!(model.node_of("held"), None);
+    assert_eq!(model.pods().allocated_pods().collect::<Vec<_>>(), ["kept"]);
+    // "filtered" (created after the list) keeps its reservation and
+    // charge; only its shape is dropped from the workload.
+    assert_eq!(model.node_of("filtered"), Some("n1"));
+    assert!(model.decision("filtered").is_some());
+    assert_eq!(used(&model, "ns"), (1500, 15));
+    assert_eq!(model.pods().counted_pods().collect::<Vec<_>>(), ["kept"]);
+    model.check().unwrap();
+}
+
+#[test]
+fn a_quota_relist_drops_the_quotas_it_did_not_deliver() {
+    let mut model = ClusterModel::new(config());
+    for name in ["tight", "wide"] {
+        model
+            .apply_quota(&quota(
+                "ns",
+                name,
+                json!({"limits.nvidia.com/gpumem": "1000"}),
+            ))
+            .unwrap();
+    }
+    model.reconcile_quotas(&HashSet::from([("ns".to_owned(), "wide".to_owned())]));
+    assert_eq!(
+        model.pods().quota_keys().collect::<Vec<_>>(),
+        [("ns", "wide")]
+    );
+    model.reconcile_quotas(&HashSet::new());
+    assert_eq!(model.quota_status("ns"), None);
+}
