@@ -111,11 +111,25 @@ pub struct NodeAnnotations {
     pub register: String,
     /// GPU UUIDs an admin excluded from new allocations (`hami.io/device-cordon`).
     pub cordoned: Vec<String>,
+    /// What the handshake reads: `None` when the node has no register
+    /// annotation at all (not a GPU node, or its daemon never registered).
+    pub handshake: Option<NodeHandshake>,
 }
 
-/// Reads a node's register and cordon annotations.
+/// What the handshake rule reads from one GPU node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHandshake {
+    /// The `hami.io/node-handshake` value, as written.
+    pub current: Option<String>,
+    /// `status.allocatable` of the GPU resource (`None`: absent or not a
+    /// whole number).
+    pub allocatable_gpus: Option<i64>,
+}
+
+/// Reads a node's register, cordon and handshake annotations, and its
+/// allocatable count of `gpu_resource`.
 #[must_use]
-pub fn node_annotations(node: &KubeNode) -> NodeAnnotations {
+pub fn node_annotations(node: &KubeNode, gpu_resource: &str) -> NodeAnnotations {
     let annotations = node.metadata.annotations.as_ref();
     let unhealthy = annotations
         .and_then(|a| a.get(keys::NODE_HANDSHAKE))
@@ -129,7 +143,24 @@ pub fn node_annotations(node: &KubeNode) -> NodeAnnotations {
         .and_then(|a| a.get(keys::DEVICE_CORDON))
         .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
         .unwrap_or_default();
-    NodeAnnotations { register, cordoned }
+    let handshake = annotations
+        .is_some_and(|a| a.contains_key(keys::NODE_NVIDIA_REGISTER))
+        .then(|| NodeHandshake {
+            current: annotations
+                .and_then(|a| a.get(keys::NODE_HANDSHAKE))
+                .cloned(),
+            allocatable_gpus: node
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .and_then(|a| a.get(gpu_resource))
+                .and_then(|q| crate::quantity::parse_whole(&q.0).ok()),
+        });
+    NodeAnnotations {
+        register,
+        cordoned,
+        handshake,
+    }
 }
 
 /// A `spec.hard` value of a ResourceQuota that is not a whole number; the

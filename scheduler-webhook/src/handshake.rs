@@ -1,8 +1,11 @@
 //! The node handshake (`hami.io/node-handshake`), kept with HAMi's
 //! semantics so HAMi's own device plugin can run under this scheduler.
 //!
-//! [`action`] is the pure rule for one node; [`run`] is the leader's
-//! periodic pass. Only the replica whose kube-scheduler holds the Lease
+//! [`action`] is the pure rule for one node and [`plan`] for every node;
+//! [`run`] is the leader's periodic pass. A pass reads the nodes from the
+//! model's watch cache (no LIST: at 10,000 nodes a LIST every 15 s would
+//! move 10,000 objects 240 times an hour) and patches only the nodes whose
+//! value must change. Only the replica whose kube-scheduler holds the Lease
 //! writes (it follows the Lease, it never campaigns), and it writes only
 //! when the value must change: once per node after it registers, and when
 //! a node turns unhealthy. An unhealthy node is marked `Deleted_<time>`
@@ -22,7 +25,9 @@ use proto::hami::keys;
 use serde_json::json;
 use tracing::{info, warn};
 
+use crate::cache::owner::ModelHandle;
 use crate::clock::unix_seconds;
+use crate::convert::NodeHandshake;
 
 /// How long a `Requesting_` stamp counts as a fresh answer (HAMi: 60 s).
 pub const FRESH_SECS: i64 = 60;
@@ -84,71 +89,83 @@ pub fn is_leader(lease: &Lease, hostname: &str, now: SystemTime) -> bool {
     held_by_us && renewed.0.as_second() + duration >= unix_seconds(now)
 }
 
-/// The leader's periodic pass over every node, forever.
+/// What the leader writes in one pass: for each GPU node whose handshake
+/// must change, the new value. Pure; nodes whose value is right are left
+/// out, so a pass over a healthy cluster writes nothing.
+#[must_use]
+pub fn plan(nodes: &[(String, NodeHandshake)], now_unix: i64) -> Vec<(String, Action)> {
+    nodes
+        .iter()
+        .filter_map(|(name, node)| {
+            match action(node.current.as_deref(), node.allocatable_gpus, now_unix) {
+                Action::Keep => None,
+                change => Some((name.clone(), change)),
+            }
+        })
+        .collect()
+}
+
+/// One pass: when this replica leads, reads every GPU node's handshake
+/// from the model (the watch cache, never a LIST) and patches the nodes
+/// whose value must change. Returns the nodes written.
+pub async fn pass(
+    leases: &Api<Lease>,
+    nodes: &Api<Node>,
+    model: &ModelHandle,
+    lease_name: &str,
+    hostname: &str,
+) -> Vec<String> {
+    let leader = match leases.get_opt(lease_name).await {
+        Ok(Some(lease)) => is_leader(&lease, hostname, SystemTime::now()),
+        Ok(None) => false,
+        Err(error) => {
+            warn!(%error, "cannot read the scheduler lease");
+            false
+        }
+    };
+    // A model that has not listed the nodes yet would see them all missing.
+    if !leader || !model.is_ready() {
+        return Vec::new();
+    }
+    let Ok(known) = model.handshakes().await else {
+        return Vec::new();
+    };
+    let mut written = Vec::new();
+    for (name, change) in plan(&known, unix_seconds(SystemTime::now())) {
+        let value = match change {
+            Action::Keep => continue,
+            Action::Request(v) => v,
+            Action::Unhealthy(v) => {
+                info!(node = %name, "node advertises no GPUs past the handshake window: unhealthy");
+                v
+            }
+        };
+        let patch = json!({"metadata": {"annotations": {keys::NODE_HANDSHAKE: value}}});
+        match nodes
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => written.push(name),
+            Err(error) => warn!(node = %name, %error, "cannot write the handshake"),
+        }
+    }
+    written
+}
+
+/// The leader's periodic pass, forever.
 pub async fn run(
     client: Client,
+    model: ModelHandle,
     lease_namespace: String,
     lease_name: String,
     hostname: String,
-    gpu_resource: String,
 ) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_namespace);
     let nodes: Api<Node> = Api::all(client);
     let mut tick = tokio::time::interval(PERIOD);
     loop {
         tick.tick().await;
-        let leader = match leases.get_opt(&lease_name).await {
-            Ok(Some(lease)) => is_leader(&lease, &hostname, SystemTime::now()),
-            Ok(None) => false,
-            Err(error) => {
-                warn!(%error, "cannot read the scheduler lease");
-                false
-            }
-        };
-        if !leader {
-            continue;
-        }
-        let list = match nodes.list(&Default::default()).await {
-            Ok(l) => l,
-            Err(error) => {
-                warn!(%error, "cannot list nodes for the handshake");
-                continue;
-            }
-        };
-        let now = unix_seconds(SystemTime::now());
-        for node in list {
-            let Some(name) = node.metadata.name.as_deref() else {
-                continue;
-            };
-            let annotations = node.metadata.annotations.as_ref();
-            if annotations.is_none_or(|a| !a.contains_key(keys::NODE_NVIDIA_REGISTER)) {
-                continue;
-            }
-            let current = annotations
-                .and_then(|a| a.get(keys::NODE_HANDSHAKE))
-                .map(String::as_str);
-            let allocatable = node
-                .status
-                .as_ref()
-                .and_then(|s| s.allocatable.as_ref())
-                .and_then(|a| a.get(&gpu_resource))
-                .and_then(|q| crate::quantity::parse_whole(&q.0).ok());
-            let value = match action(current, allocatable, now) {
-                Action::Keep => continue,
-                Action::Request(v) => json!(v),
-                Action::Unhealthy(v) => {
-                    info!(node = %name, "node advertises no GPUs past the handshake window: unhealthy");
-                    json!(v)
-                }
-            };
-            let patch = json!({"metadata": {"annotations": {keys::NODE_HANDSHAKE: value}}});
-            if let Err(error) = nodes
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                warn!(node = %name, %error, "cannot write the handshake");
-            }
-        }
+        pass(&leases, &nodes, &model, &lease_name, &hostname).await;
     }
 }
 
@@ -189,6 +206,27 @@ mod tests {
         let dead = Action::Unhealthy("Deleted_2025-07-12 01:12:20".to_owned());
         assert_eq!(action(Some(old), Some(0), NOW), dead);
         assert_eq!(action(Some(old), None, NOW), dead);
+    }
+
+    #[test]
+    fn a_plan_names_only_the_nodes_whose_value_must_change() {
+        let node = |current: Option<String>, gpus| NodeHandshake {
+            current,
+            allocatable_gpus: gpus,
+        };
+        let fresh = Handshake::requesting_at(NOW).unwrap().to_string();
+        let old = Handshake::requesting_at(NOW - 600).unwrap().to_string();
+        let nodes = [
+            ("a".to_owned(), node(None, Some(1))),
+            ("b".to_owned(), node(Some(fresh), Some(0))),
+            ("c".to_owned(), node(Some(old.clone()), Some(0))),
+            ("d".to_owned(), node(Some(old), Some(2))),
+        ];
+        let names: Vec<(String, bool)> = plan(&nodes, NOW)
+            .into_iter()
+            .map(|(n, a)| (n, matches!(a, Action::Unhealthy(_))))
+            .collect();
+        assert_eq!(names, [("a".to_owned(), false), ("c".to_owned(), true)]);
     }
 
     #[test]

@@ -189,10 +189,10 @@ pub async fn run_on(
         .unwrap_or_default();
     let handshake = tokio::spawn(crate::handshake::run(
         client.clone(),
+        model.clone(),
         settings.lease_namespace.clone(),
         settings.scheduler_name.clone(),
         identity,
-        settings.resources.resource_name.clone(),
     ));
 
     let webhook = WebhookConfig::from(&settings);

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::model::{ClusterModel, Decided, FilterOutcome, GpuSnapshot, SliceSnapshot};
+use crate::convert::NodeHandshake;
 use crate::core::quota::QuotaStatus;
 
 /// How long a filter waits for nodes it names to be registered in the
@@ -102,6 +103,11 @@ pub enum Command {
         uid: String,
         /// Where the answer goes.
         reply: oneshot::Sender<Option<Decided>>,
+    },
+    /// Read what the handshake needs from every GPU node.
+    Handshakes {
+        /// Where the answer goes.
+        reply: oneshot::Sender<Vec<(String, NodeHandshake)>>,
     },
     /// Read every GPU's and every slice's use (for metrics).
     Snapshot {
@@ -260,6 +266,17 @@ impl ModelHandle {
     pub async fn snapshot(&self) -> Result<(Vec<GpuSnapshot>, Vec<SliceSnapshot>), ModelGone> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Snapshot { reply }).await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// What the handshake reads from every GPU node, as the watch last
+    /// delivered it.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn handshakes(&self) -> Result<Vec<(String, NodeHandshake)>, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Handshakes { reply }).await?;
         rx.await.map_err(|_| ModelGone)
     }
 
@@ -448,6 +465,14 @@ async fn run(
             Command::GiveUp(nodes) => given_up.extend(nodes),
             Command::Decision { uid, reply } => {
                 let _ = reply.send(model.decision(&uid).cloned());
+            }
+            Command::Handshakes { reply } => {
+                let _ = reply.send(
+                    model
+                        .handshakes()
+                        .map(|(n, h)| (n.to_owned(), h.clone()))
+                        .collect(),
+                );
             }
             Command::Snapshot { reply } => {
                 let _ = reply.send((model.gpu_snapshot(), model.slice_snapshot()));

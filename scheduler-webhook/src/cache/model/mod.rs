@@ -20,7 +20,8 @@ use proto::hami::register;
 use super::pods::PodBook;
 pub use super::pods::{Decided, SliceSnapshot};
 use crate::convert::{
-    BadQuota, NodeAnnotations, allocation_of, is_finished, node_annotations, pod_lite, quota_limits,
+    BadQuota, NodeAnnotations, NodeHandshake, allocation_of, is_finished, node_annotations,
+    pod_lite, quota_limits,
 };
 use crate::core::fgd::{Shape, ShapeDistribution};
 use crate::core::model::{Cluster, Node, NodeId};
@@ -71,6 +72,10 @@ pub struct ClusterModel {
     rng: SplitMix64,
     /// Last register annotation seen per node, so it is decoded only on change.
     registers: HashMap<String, String>,
+    /// What the handshake reads, per GPU node (those with a register
+    /// annotation), so the handshake pass reads the watch cache instead of
+    /// listing every node.
+    handshakes: BTreeMap<String, NodeHandshake>,
     /// Every pod known, with the quota use and the `fgd` workload.
     pods: PodBook,
     /// The previous filter's candidate names and their node ids.
@@ -125,6 +130,7 @@ impl ClusterModel {
             pods: PodBook::new(config.requests.memory_factor),
             config,
             registers: HashMap::new(),
+            handshakes: BTreeMap::new(),
             resolved: Resolved::default(),
         }
     }
@@ -147,7 +153,12 @@ impl ClusterModel {
         let NodeAnnotations {
             register: value,
             cordoned,
-        } = node_annotations(node);
+            handshake,
+        } = node_annotations(node, &self.config.requests.names.resource_name);
+        match handshake {
+            Some(h) => self.handshakes.insert(name.to_owned(), h),
+            None => self.handshakes.remove(name),
+        };
         if self.registers.get(name) != Some(&value) || self.cluster.node_id(name).is_none() {
             let devices = if value.is_empty() {
                 Vec::new()
@@ -180,6 +191,12 @@ impl ClusterModel {
             self.pods.node_changed(id);
         }
         self.registers.remove(name);
+        self.handshakes.remove(name);
+    }
+
+    /// What the handshake reads from each GPU node, by name.
+    pub fn handshakes(&self) -> impl Iterator<Item = (&str, &NodeHandshake)> {
+        self.handshakes.iter().map(|(n, h)| (n.as_str(), h))
     }
 
     /// Applies a pod from the watch: a live pod carrying an allocation
