@@ -415,7 +415,10 @@ async fn run(
             }
             Command::DeleteQuota { namespace, name } => model.delete_quota(&namespace, &name),
             Command::RelistStarted(Kind::Nodes) => relist.nodes = Some(HashSet::new()),
-            Command::RelistStarted(Kind::Pods) => relist.pods = Some(HashSet::new()),
+            Command::RelistStarted(Kind::Pods) => {
+                model.pod_relist_started();
+                relist.pods = Some(HashSet::new());
+            }
             Command::RelistStarted(Kind::Quotas) => relist.quotas = Some(HashSet::new()),
             Command::RelistDone(Kind::Nodes) => {
                 model.reconcile_nodes(&relist.nodes.take().unwrap_or_default());

@@ -93,6 +93,8 @@ pub struct PodRecord {
     /// What its namespace's quota use counts for it.
     charge: QuotaUse,
     stage: Stage,
+    /// The book's filter count at its last filter (0: never filtered here).
+    filtered: u64,
 }
 
 impl PodRecord {
@@ -148,6 +150,8 @@ pub struct PodBook {
     unplaced: HashSet<String>,
     quotas: QuotaBook,
     fragmentation: Fragmentation,
+    /// Filters so far: each record remembers the count at its last filter.
+    filters: u64,
 }
 
 impl PodBook {
@@ -159,6 +163,7 @@ impl PodBook {
             unplaced: HashSet::new(),
             quotas: QuotaBook::new(memory_factor),
             fragmentation: Fragmentation::default(),
+            filters: 0,
         }
     }
 
@@ -193,7 +198,8 @@ impl PodBook {
         name: &str,
         shape: Shape,
     ) {
-        self.entry(uid, namespace, name);
+        self.filters += 1;
+        self.entry(uid, namespace, name).filtered = self.filters;
         self.count_shape(uid, shape);
         self.drop_hold(cluster, uid);
     }
@@ -333,6 +339,21 @@ impl PodBook {
         self.records
             .iter()
             .filter(|(_, r)| matches!(r.stage, Stage::Allocated { .. }))
+            .map(|(uid, _)| uid.as_str())
+    }
+
+    /// Filters so far; a mark to compare records' last filters with.
+    #[must_use]
+    pub fn filters(&self) -> u64 {
+        self.filters
+    }
+
+    /// Pods holding a reservation not yet bound whose last filter came no
+    /// later than `mark` (a [`Self::filters`] value).
+    pub fn reserved_by(&self, mark: u64) -> impl Iterator<Item = &str> {
+        self.records
+            .iter()
+            .filter(move |(_, r)| matches!(r.stage, Stage::Reserved(_)) && r.filtered <= mark)
             .map(|(uid, _)| uid.as_str())
     }
 
@@ -509,6 +530,7 @@ impl PodBook {
                 shape: None,
                 charge: QuotaUse::default(),
                 stage: Stage::Demand,
+                filtered: 0,
             })
     }
 

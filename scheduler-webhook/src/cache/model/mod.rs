@@ -78,6 +78,8 @@ pub struct ClusterModel {
     handshakes: BTreeMap<String, NodeHandshake>,
     /// Every pod known, with the quota use and the `fgd` workload.
     pods: PodBook,
+    /// The pod book's filter count when the current pod relist started.
+    pod_relist_mark: u64,
     /// The previous filter's candidate names and their node ids.
     resolved: Resolved,
 }
@@ -131,6 +133,7 @@ impl ClusterModel {
             config,
             registers: HashMap::new(),
             handshakes: BTreeMap::new(),
+            pod_relist_mark: 0,
             resolved: Resolved::default(),
         }
     }
@@ -312,12 +315,32 @@ impl ClusterModel {
         }
     }
 
+    /// A pod relist starts (before its LIST is sent): pods filtered until
+    /// now existed before the list.
+    pub fn pod_relist_started(&mut self) {
+        self.pod_relist_mark = self.pods.filters();
+    }
+
     /// A pod relist ended: pods known from their annotations that it did
-    /// not deliver are deleted. Pods counted in the fgd workload that it
-    /// did not deliver lose only their shape (a pod created after the list
-    /// and filtered meanwhile is counted again at its next filter or when
-    /// its allocation is seen).
+    /// not deliver are deleted. A reservation not yet bound whose pod was
+    /// filtered before the relist started and is not in it is released:
+    /// that pod was deleted meanwhile (kube-scheduler does not bind a
+    /// deleted pod, so nothing else would ever free it). A pod filtered
+    /// after the relist started may be newer than the list and keeps its
+    /// reservation. Pods counted in the fgd workload that the relist did
+    /// not deliver lose only their shape (a pod created after the list and
+    /// filtered meanwhile is counted again at its next filter or when its
+    /// allocation is seen).
     pub fn reconcile_pods(&mut self, seen: &HashSet<String>) {
+        let abandoned: Vec<String> = self
+            .pods
+            .reserved_by(self.pod_relist_mark)
+            .filter(|u| !seen.contains(*u))
+            .map(str::to_owned)
+            .collect();
+        for uid in abandoned {
+            self.pods.bind_failed(&mut self.cluster, &uid);
+        }
         let gone: Vec<String> = self
             .pods
             .allocated_pods()
