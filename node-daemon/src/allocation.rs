@@ -5,7 +5,10 @@
 //!   identity, so: the node-lock owner when it is waiting for this many
 //!   devices; otherwise the one pod on this node whose next pending
 //!   container asks for this many devices — exactly one, never a guess
-//!   between two (HAMi takes the first of an unsorted list; #781).
+//!   between two (HAMi takes the first of an unsorted list; #781). And
+//!   never while a pod whose node lock a binder took over
+//!   (`gpuslice.io/bind-abandoned`) may still be admitted here and could be
+//!   the sender: its Allocate and the new holder's look the same.
 //! - [`plan_container`]: the container entry the request consumes, checked
 //!   against the request and the node's GPUs.
 //! - [`rebuild_holdings`]: the slices already handed out, from annotations,
@@ -45,6 +48,19 @@ pub enum AllocateError {
         devices: usize,
         /// The candidates, `namespace/name`.
         pods: Vec<String>,
+    },
+    /// A pod whose lock was taken over may still be admitted on this node
+    /// and could have sent this Allocate; the new holder's looks the same.
+    #[error(
+        "pods {abandoned:?} on node {node} were abandoned by their binder but may still be admitted here, and an Allocate of {devices} device(s) could be theirs; refusing to guess"
+    )]
+    Abandoned {
+        /// The node.
+        node: String,
+        /// Devices in the request.
+        devices: usize,
+        /// The abandoned pods, `namespace/name`.
+        abandoned: Vec<String>,
     },
     /// Reading the pods failed before any pod was identified.
     #[error("cannot read the pods of this node: {0}")]
@@ -176,10 +192,34 @@ pub fn awaiting_allocation(pod: &PodView, node: &str) -> Option<PodDevices> {
     devices.has_pending_devices().then_some(devices)
 }
 
+/// Whether `pod` was abandoned on `node` by a binder that took its node
+/// lock over, and kubelet may still admit it there with an Allocate of
+/// `devices` device(s): it is bound here (listed for this node), not
+/// finished or deleting, still `Pending`, marked `gpuslice.io/bind-abandoned`
+/// with this node, and its next pending container asks for `devices` (or
+/// its request cannot be read, so it could ask for any count).
+#[must_use]
+pub fn may_send_abandoned(pod: &PodView, node: &str, devices: usize) -> bool {
+    if pod.terminating || !matches!(pod.phase.as_str(), "Pending" | "") {
+        return false;
+    }
+    if pod.annotation(keys::BIND_ABANDONED) != Some(node) {
+        return false;
+    }
+    match pod
+        .annotation(keys::VGPU_DEVICES_TO_ALLOCATE)
+        .map(str::parse::<PodDevices>)
+    {
+        Some(Ok(d)) => d.first_pending().is_some_and(|(_, e)| e.len() == devices),
+        Some(Err(_)) | None => true,
+    }
+}
+
 /// Finds the pod an Allocate of `devices` device(s) on `node` is for; see
 /// the module docs for the rule. `lock` is the raw node-lock value.
 ///
 /// # Errors
+/// [`AllocateError::Abandoned`] when an abandoned pod could be the sender,
 /// [`AllocateError::NoPod`] when no pod matches, [`AllocateError::Ambiguous`]
 /// when several do and the lock names none of them.
 pub fn identify_pod<'p>(
@@ -188,6 +228,18 @@ pub fn identify_pod<'p>(
     pods: &'p [PodView],
     devices: usize,
 ) -> Result<(&'p PodView, PodDevices), AllocateError> {
+    let abandoned: Vec<String> = pods
+        .iter()
+        .filter(|p| may_send_abandoned(p, node, devices))
+        .map(PodView::full_name)
+        .collect();
+    if !abandoned.is_empty() {
+        return Err(AllocateError::Abandoned {
+            node: node.to_owned(),
+            devices,
+            abandoned,
+        });
+    }
     let matching: Vec<(&PodView, PodDevices)> = pods
         .iter()
         .filter_map(|p| awaiting_allocation(p, node).map(|d| (p, d)))
@@ -619,6 +671,57 @@ mod tests {
                 (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    /// A binder took the node lock over from `h` (bound here, never
+    /// admitted) and gave it to `p`. kubelet may still admit `h`, and its
+    /// Allocate looks exactly like `p`'s: the daemon must refuse rather
+    /// than hand `h`'s containers `p`'s devices. Marking `h` failed alone
+    /// is not enough: the failed pod is skipped and the lock owner `p`
+    /// would be matched.
+    #[test]
+    fn an_allocate_a_taken_over_pod_could_have_sent_is_refused() {
+        let one_gpu = ";GPU-a,NVIDIA,3000,30:;";
+        let taken_over = |name: &str| {
+            let h = with(bound_pod(name, one_gpu), keys::BIND_PHASE, "failed");
+            with(h, keys::BIND_ABANDONED, NODE)
+        };
+        let p = bound_pod("p", one_gpu);
+        let refused = |pods: &[PodView], devices: usize| {
+            matches!(
+                identify_pod(NODE, Some(&lock("p")), pods, devices),
+                Err(AllocateError::Abandoned { .. })
+            )
+        };
+        assert!(refused(&[taken_over("h"), p.clone()], 1));
+        let mut unreadable = taken_over("h");
+        unreadable
+            .annotations
+            .remove(keys::VGPU_DEVICES_TO_ALLOCATE);
+        assert!(refused(&[unreadable, p.clone()], 1), "unknown count: any");
+        // No longer a possible sender: p is served.
+        let finished = PodView {
+            phase: "Failed".into(),
+            ..taken_over("h")
+        };
+        let deleting = PodView {
+            terminating: true,
+            ..taken_over("h")
+        };
+        let other_node = with(taken_over("h"), keys::BIND_ABANDONED, "n2");
+        for h in [finished, deleting, other_node] {
+            let pods = [h, p.clone()];
+            let (pod, _) = identify_pod(NODE, Some(&lock("p")), &pods, 1).unwrap();
+            assert_eq!(pod.name, "p");
+        }
+        // Another device count cannot be h's.
+        let two = with(
+            taken_over("h"),
+            keys::VGPU_DEVICES_TO_ALLOCATE,
+            "GPU-a,NVIDIA,1,1:GPU-b,NVIDIA,1,1:;",
+        );
+        assert!(!refused(&[two.clone(), p.clone()], 1));
+        assert!(refused(&[two, p], 2));
     }
 
     #[test]

@@ -10,14 +10,15 @@ use actix::Supervisor;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::actors::gpu::GpuActor;
 use crate::actors::health::{HealthActor, Inventory};
 use crate::actors::kubelet::{Allocator, ContractSettings, KubeletActor, pod_names};
 use crate::actors::pod_watch::PodWatch;
+use crate::actors::pool::GpuPool;
 use crate::allocation::rebuild_holdings;
 use crate::cluster::{Cluster, ClusterError};
 use crate::devices::simulated::SimulatedDevices;
 use crate::devices::{DeviceError, DeviceSource, Gpu, Shaping};
+use crate::epoch::{CommitClock, Epoch};
 use crate::grpc::plugin::DevicePluginService;
 use crate::grpc::registration::{PluginError, PluginSocket, serve_and_register};
 use crate::ledger::{Capacity, SliceLedger};
@@ -144,12 +145,14 @@ pub fn run_process(settings: Settings) -> Result<(), RunError> {
         .block_on(run_from_settings(settings, crate::telemetry::terminated()))
 }
 
-/// Starts one GPU actor per GPU with its ledger rebuilt from `pods`.
-fn start_gpu_actors(
+/// One ledger per GPU, rebuilt from `pods` (the slices they were
+/// annotated with), every holding stamped `at`.
+fn rebuilt_ledgers(
     node: &str,
     gpus: &[Gpu],
     pods: &[crate::cluster::PodView],
-) -> BTreeMap<String, actix::Addr<GpuActor>> {
+    at: Epoch,
+) -> BTreeMap<String, SliceLedger> {
     let (holdings, errors) = rebuild_holdings(node, pods);
     for error in errors {
         warn!(%error, "pod ignored while rebuilding the ledgers");
@@ -168,7 +171,7 @@ fn start_gpu_actors(
     for h in holdings {
         match ledgers.get_mut(&h.uuid) {
             Some(ledger) => {
-                if let Err(error) = ledger.commit(h.key.clone(), h.slice) {
+                if let Err(error) = ledger.commit(h.key.clone(), h.slice, at) {
                     warn!(gpu = %h.uuid, pod_uid = %h.key.pod_uid, %error, "annotated slice does not fit; not counted");
                 }
             }
@@ -178,13 +181,6 @@ fn start_gpu_actors(
         }
     }
     ledgers
-        .into_iter()
-        .map(|(uuid, ledger)| {
-            let name = uuid.clone();
-            let addr = Supervisor::start(move |_| GpuActor::new(name, ledger));
-            (uuid, addr)
-        })
-        .collect()
 }
 
 /// Runs the daemon until `shutdown` completes. Must run inside an actix
@@ -202,18 +198,22 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     let gpus = Shaping::from(&settings).advertise(&devices.discover()?)?;
     info!(node = %node, gpus = gpus.len(), split = settings.device_split_count, "GPUs discovered");
 
+    let clock = CommitClock::new();
     let pods = cluster.pods_on_node(&node).await?;
-    let gpu_actors = Arc::new(start_gpu_actors(&node, &gpus, &pods));
+    let gpu_pool = GpuPool::start(
+        rebuilt_ledgers(&node, &gpus, &pods, clock.now()),
+        clock.clone(),
+    );
     let (inventory_tx, inventory) = watch::channel::<Inventory>(Arc::new(gpus));
     let _health = HealthActor::start_on(inventory_tx, devices.health_events()?);
-    let _pod_watch = PodWatch::start_on(Arc::clone(&gpu_actors), cluster.pod_changes(&node));
+    let _pod_watch = PodWatch::start_on(gpu_pool.clone(), cluster.pod_changes(&node, clock));
     let (names_tx, names) = watch::channel(pod_names(&pods));
     let metrics = match settings.metrics_bind_address {
         Some(address) => {
             let sources = Sources {
                 node: node.clone(),
                 inventory: inventory.clone(),
-                gpus: Arc::clone(&gpu_actors),
+                gpus: gpu_pool.clone(),
                 names,
             };
             let server = crate::metrics::serve(address, sources)
@@ -228,7 +228,7 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     let allocator = Allocator {
         node: node.clone(),
         cluster: Arc::clone(&cluster),
-        gpus: gpu_actors,
+        gpus: gpu_pool,
         contract: ContractSettings {
             hook_path: settings.hook_path.clone(),
             device_memory_scaling: settings.device_memory_scaling,

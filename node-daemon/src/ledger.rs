@@ -16,10 +16,19 @@
 //! core slice needs an otherwise empty card; a 0 % slice cannot join a card
 //! whose cores are all taken) are enforced too, so the node never accepts
 //! what HAMi's filter would refuse.
+//!
+//! Freeing by exclusion ([`SliceLedger::release_pods_except`]) takes a
+//! [`LiveSnapshot`]: the pods alive on the node as of a list, stamped with
+//! the [`Epoch`] read before that list was requested. Every holding carries
+//! the epoch it was committed at, and a snapshot never frees a holding
+//! committed after it: that pod may have been bound after the list, and its
+//! absence from the list says nothing about it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use proto::accounting::{Amount, Role, pod_total};
+
+pub use crate::epoch::Epoch;
 
 /// Who holds a slice: a pod UID and the container's index in HAMi's order
 /// (init containers first, then app containers).
@@ -138,11 +147,28 @@ pub enum LedgerError {
     },
 }
 
+/// The pods alive on the node as of one list, and when that list was
+/// requested.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LiveSnapshot {
+    /// UIDs of the pods alive (not deleted, not finished) in the list.
+    pub live: BTreeSet<String>,
+    /// The commit clock's reading before the list was requested.
+    pub taken_at: Epoch,
+}
+
+/// One holding: the slice and the epoch it was committed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    slice: Slice,
+    since: Epoch,
+}
+
 /// The ledger of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceLedger {
     capacity: Capacity,
-    held: BTreeMap<SliceKey, Slice>,
+    held: BTreeMap<SliceKey, Held>,
     usage: Usage,
 }
 
@@ -171,7 +197,7 @@ impl SliceLedger {
 
     /// Every holding, in key order.
     pub fn holdings(&self) -> impl Iterator<Item = (&SliceKey, &Slice)> {
-        self.held.iter()
+        self.held.iter().map(|(k, h)| (k, &h.slice))
     }
 
     /// One pod's use: app slices summed, init slices at their peak, the
@@ -194,7 +220,7 @@ impl SliceLedger {
         self.held
             .iter()
             .filter(move |(k, _)| k.pod_uid == pod_uid)
-            .map(|(_, s)| s)
+            .map(|(_, h)| &h.slice)
     }
 
     /// The usage without pod `pod_uid`.
@@ -263,13 +289,19 @@ impl SliceLedger {
         Ok(after)
     }
 
-    /// Holds `slice` for `key`, or refuses and changes nothing.
+    /// Holds `slice` for `key` from epoch `at`, or refuses and changes
+    /// nothing. A replay keeps the epoch of the first commit.
     ///
     /// # Errors
     /// A [`LedgerError`] saying which limit the slice would break, or
     /// [`LedgerError::Conflict`] when `key` holds a different slice.
-    pub fn commit(&mut self, key: SliceKey, slice: Slice) -> Result<Committed, LedgerError> {
-        if let Some(held) = self.held.get(&key) {
+    pub fn commit(
+        &mut self,
+        key: SliceKey,
+        slice: Slice,
+        at: Epoch,
+    ) -> Result<Committed, LedgerError> {
+        if let Some(Held { slice: held, .. }) = self.held.get(&key) {
             return if *held == slice {
                 Ok(Committed::AlreadyHeld)
             } else {
@@ -281,14 +313,14 @@ impl SliceLedger {
             };
         }
         self.usage = self.check(&key, slice)?;
-        self.held.insert(key, slice);
+        self.held.insert(key, Held { slice, since: at });
         Ok(Committed::New)
     }
 
     /// Frees what `key` holds; `None` if it held nothing.
     pub fn release(&mut self, key: &SliceKey) -> Option<Slice> {
         let others = self.others(&key.pod_uid);
-        let slice = self.held.remove(key)?;
+        let Held { slice, .. } = self.held.remove(key)?;
         let own = Self::pod_use(self.slices_of(&key.pod_uid));
         self.usage = Usage {
             slots: others.slots + own.slots,
@@ -309,14 +341,17 @@ impl SliceLedger {
         keys.iter().filter(|k| self.release(k).is_some()).count()
     }
 
-    /// Frees every slice of pods not in `live` (deleted or finished pods);
-    /// returns how many were freed.
-    pub fn release_pods_except(&mut self, live: &std::collections::BTreeSet<String>) -> usize {
+    /// Frees every slice of pods not alive in `snapshot` (deleted or
+    /// finished pods) that was committed at or before the snapshot's epoch;
+    /// returns how many were freed. A slice committed after the snapshot
+    /// was taken is kept whatever the snapshot says: its pod may have been
+    /// bound after the list was read.
+    pub fn release_pods_except(&mut self, snapshot: &LiveSnapshot) -> usize {
         let keys: Vec<SliceKey> = self
             .held
-            .keys()
-            .filter(|k| !live.contains(&k.pod_uid))
-            .cloned()
+            .iter()
+            .filter(|(k, h)| h.since <= snapshot.taken_at && !snapshot.live.contains(&k.pod_uid))
+            .map(|(k, _)| k.clone())
             .collect();
         keys.iter().filter(|k| self.release(k).is_some()).count()
     }
@@ -327,6 +362,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// The epoch of the commits of tests that do not look at epochs.
+    const AT: Epoch = Epoch(1);
 
     fn key(pod: &str, container: usize) -> SliceKey {
         SliceKey {
@@ -361,24 +399,30 @@ mod tests {
     #[test]
     fn each_limit_is_named_when_exceeded() {
         let mut l = gpu(2, 1000, 100);
-        assert_eq!(l.commit(key("a", 0), slice(600, 30)), Ok(Committed::New));
         assert_eq!(
-            l.commit(key("b", 0), slice(500, 10)),
+            l.commit(key("a", 0), slice(600, 30), AT),
+            Ok(Committed::New)
+        );
+        assert_eq!(
+            l.commit(key("b", 0), slice(500, 10), AT),
             Err(LedgerError::Memory {
                 requested: 500,
                 free: 400
             })
         );
         assert_eq!(
-            l.commit(key("b", 0), slice(100, 80)),
+            l.commit(key("b", 0), slice(100, 80), AT),
             Err(LedgerError::Cores {
                 requested: 80,
                 free: 70
             })
         );
-        assert_eq!(l.commit(key("b", 0), slice(100, 10)), Ok(Committed::New));
         assert_eq!(
-            l.commit(key("c", 0), slice(1, 1)),
+            l.commit(key("b", 0), slice(100, 10), AT),
+            Ok(Committed::New)
+        );
+        assert_eq!(
+            l.commit(key("c", 0), slice(1, 1), AT),
             Err(LedgerError::NoSlot { slots: 2 })
         );
         assert_eq!(
@@ -394,14 +438,14 @@ mod tests {
     #[test]
     fn replaying_the_same_commit_is_idempotent_and_a_different_one_conflicts() {
         let mut l = gpu(4, 1000, 100);
-        l.commit(key("a", 1), slice(100, 10)).unwrap();
+        l.commit(key("a", 1), slice(100, 10), AT).unwrap();
         assert_eq!(
-            l.commit(key("a", 1), slice(100, 10)),
+            l.commit(key("a", 1), slice(100, 10), AT),
             Ok(Committed::AlreadyHeld)
         );
         assert_eq!(l.usage().slots, 1);
         assert!(matches!(
-            l.commit(key("a", 1), slice(200, 10)),
+            l.commit(key("a", 1), slice(200, 10), AT),
             Err(LedgerError::Conflict { .. })
         ));
     }
@@ -409,15 +453,15 @@ mod tests {
     #[test]
     fn whole_card_slices_are_exclusive() {
         let mut l = gpu(10, 1000, 100);
-        l.commit(key("a", 0), slice(100, 0)).unwrap();
+        l.commit(key("a", 0), slice(100, 0), AT).unwrap();
         assert_eq!(
-            l.commit(key("b", 0), slice(100, 100)),
+            l.commit(key("b", 0), slice(100, 100), AT),
             Err(LedgerError::Exclusive { holders: 1 })
         );
         l.release(&key("a", 0));
-        l.commit(key("b", 0), slice(100, 100)).unwrap();
+        l.commit(key("b", 0), slice(100, 100), AT).unwrap();
         assert_eq!(
-            l.commit(key("c", 0), slice(100, 0)),
+            l.commit(key("c", 0), slice(100, 0), AT),
             Err(LedgerError::CoresExhausted)
         );
     }
@@ -425,9 +469,9 @@ mod tests {
     #[test]
     fn release_pod_frees_every_container_of_that_pod_only() {
         let mut l = gpu(10, 1000, 100);
-        l.commit(key("a", 0), slice(100, 10)).unwrap();
-        l.commit(key("a", 2), slice(100, 10)).unwrap();
-        l.commit(key("b", 0), slice(100, 10)).unwrap();
+        l.commit(key("a", 0), slice(100, 10), AT).unwrap();
+        l.commit(key("a", 2), slice(100, 10), AT).unwrap();
+        l.commit(key("b", 0), slice(100, 10), AT).unwrap();
         assert_eq!(l.release_pod("a"), 2);
         assert_eq!(
             l.usage(),
@@ -438,8 +482,11 @@ mod tests {
             }
         );
         assert_eq!(l.release(&key("a", 0)), None);
-        l.commit(key("c", 0), slice(100, 10)).unwrap();
-        let live = ["c".to_owned()].into_iter().collect();
+        l.commit(key("c", 0), slice(100, 10), AT).unwrap();
+        let live = LiveSnapshot {
+            live: ["c".to_owned()].into_iter().collect(),
+            taken_at: AT,
+        };
         assert_eq!(l.release_pods_except(&live), 1);
         assert_eq!(l.holdings().count(), 1);
     }
@@ -447,8 +494,8 @@ mod tests {
     #[test]
     fn init_containers_count_at_their_peak_and_app_containers_are_summed() {
         let mut l = gpu(2, 1000, 100);
-        l.commit(key("a", 0), init_slice(800, 50)).unwrap();
-        l.commit(key("a", 1), init_slice(600, 80)).unwrap();
+        l.commit(key("a", 0), init_slice(800, 50), AT).unwrap();
+        l.commit(key("a", 1), init_slice(600, 80), AT).unwrap();
         assert_eq!(
             l.usage(),
             Usage {
@@ -458,7 +505,7 @@ mod tests {
             }
         );
         // The app container of the same pod fits under the init peak.
-        l.commit(key("a", 2), slice(900, 60)).unwrap();
+        l.commit(key("a", 2), slice(900, 60), AT).unwrap();
         assert_eq!(
             l.usage(),
             Usage {
@@ -469,15 +516,15 @@ mod tests {
         );
         // Another pod sees one slot and the pod's peak taken.
         assert_eq!(
-            l.commit(key("b", 0), slice(200, 10)),
+            l.commit(key("b", 0), slice(200, 10), AT),
             Err(LedgerError::Memory {
                 requested: 200,
                 free: 100
             })
         );
-        l.commit(key("b", 0), slice(100, 10)).unwrap();
+        l.commit(key("b", 0), slice(100, 10), AT).unwrap();
         assert_eq!(
-            l.commit(key("c", 0), slice(1, 1)),
+            l.commit(key("c", 0), slice(1, 1), AT),
             Err(LedgerError::NoSlot { slots: 2 })
         );
         l.release_pod("a");
@@ -494,12 +541,59 @@ mod tests {
     #[test]
     fn a_whole_card_app_slice_may_follow_its_own_init_container() {
         let mut l = gpu(10, 1000, 100);
-        l.commit(key("a", 0), init_slice(100, 100)).unwrap();
-        l.commit(key("a", 1), slice(100, 100)).unwrap();
+        l.commit(key("a", 0), init_slice(100, 100), AT).unwrap();
+        l.commit(key("a", 1), slice(100, 100), AT).unwrap();
         assert_eq!(
-            l.commit(key("b", 0), slice(100, 0)),
+            l.commit(key("b", 0), slice(100, 0), AT),
             Err(LedgerError::CoresExhausted)
         );
+    }
+
+    /// The race of #13: the pod watcher's relist reads the pods of the node
+    /// (pod `b` not bound yet), an Allocate then commits `b`'s slice, and
+    /// only then the relist's snapshot reaches the ledger. It must not free
+    /// `b`; it still frees `a`, which was committed before and is gone.
+    #[test]
+    fn a_stale_snapshot_never_frees_a_slice_committed_after_it() {
+        let clock = crate::epoch::CommitClock::new();
+        let mut l = gpu(4, 1000, 100);
+        l.commit(key("a", 0), slice(100, 10), clock.tick()).unwrap();
+        let relist = LiveSnapshot {
+            live: BTreeSet::new(),
+            taken_at: clock.now(),
+        };
+        l.commit(key("b", 0), slice(300, 30), clock.tick()).unwrap();
+        assert_eq!(l.release_pods_except(&relist), 1, "only a is freed");
+        let held: Vec<&str> = l.holdings().map(|(k, _)| k.pod_uid.as_str()).collect();
+        assert_eq!(held, ["b"]);
+        assert_eq!(
+            l.usage(),
+            Usage {
+                slots: 1,
+                memory_mib: 300,
+                cores: 30
+            }
+        );
+        // A snapshot taken after b's commit that still lacks b frees it.
+        let later = LiveSnapshot {
+            live: BTreeSet::new(),
+            taken_at: clock.now(),
+        };
+        assert_eq!(l.release_pods_except(&later), 1);
+        assert_eq!(l.usage(), Usage::default());
+    }
+
+    #[test]
+    fn a_replayed_commit_keeps_its_first_epoch() {
+        let mut l = gpu(4, 1000, 100);
+        l.commit(key("a", 0), slice(100, 10), Epoch(1)).unwrap();
+        // The same slice again (a restart replay), stamped later.
+        l.commit(key("a", 0), slice(100, 10), Epoch(5)).unwrap();
+        let snapshot = LiveSnapshot {
+            live: BTreeSet::new(),
+            taken_at: Epoch(2),
+        };
+        assert_eq!(l.release_pods_except(&snapshot), 1);
     }
 
     #[derive(Debug, Clone)]
@@ -552,6 +646,35 @@ mod tests {
     }
 
     proptest! {
+        /// A snapshot frees exactly the holdings of pods absent from it that
+        /// were committed at or before its epoch, whatever the order of
+        /// commits, releases and snapshots.
+        #[test]
+        fn a_snapshot_frees_exactly_the_absent_pods_committed_before_it(
+            commits in proptest::collection::vec((0u8..6, 0u8..2, 1u64..20), 0..20),
+            live in proptest::collection::btree_set(0u8..6, 0..6),
+            taken_at in 0u64..20,
+        ) {
+            let mut l = gpu(100, 100_000, 10_000);
+            for (p, c, at) in &commits {
+                let _ = l.commit(key(&p.to_string(), (*c).into()), slice(1, 1), Epoch(*at));
+            }
+            let before: Vec<(SliceKey, Held)> = l.held.iter().map(|(k, h)| (k.clone(), *h)).collect();
+            let snapshot = LiveSnapshot {
+                live: live.iter().map(u8::to_string).collect(),
+                taken_at: Epoch(taken_at),
+            };
+            let freed = l.release_pods_except(&snapshot);
+            let kept: Vec<(SliceKey, Held)> = before
+                .iter()
+                .filter(|(k, h)| snapshot.live.contains(&k.pod_uid) || h.since.0 > taken_at)
+                .cloned()
+                .collect();
+            prop_assert_eq!(freed, before.len() - kept.len());
+            let after: Vec<(SliceKey, Held)> = l.held.iter().map(|(k, h)| (k.clone(), *h)).collect();
+            prop_assert_eq!(after, kept);
+        }
+
         /// No interleaving of commits and releases over-commits the GPU, the
         /// usage always equals the reference model's, a refused commit
         /// changes nothing, and a commit is refused only when the reference
@@ -567,7 +690,7 @@ mod tests {
                 match op {
                     Op::Commit(p, c, s) => {
                         let k = key(&p.to_string(), c.into());
-                        match l.commit(k.clone(), s) {
+                        match l.commit(k.clone(), s, AT) {
                             Ok(Committed::New) => {}
                             Ok(Committed::AlreadyHeld) | Err(LedgerError::Conflict { .. }) => {
                                 prop_assert_eq!(&l, &before);

@@ -11,7 +11,9 @@
 //!    re-register)            ▼                                  │
 //!                     actors::kubelet::KubeletActor ────────────┘
 //!                       │ allocation::{identify_pod, plan_container}  (pure)
-//!                       ▼ CommitSlice / ReleaseSlice
+//!                       ▼ commit / release / release_except(snapshot)
+//!  actors::pod_watch ─> actors::pool::GpuPool (addresses by UUID, epoch::CommitClock)
+//!                       ▼ CommitSlice / ReleaseSlice / ReleasePod / ReleasePodsExcept
 //!                     actors::gpu::GpuActor × N ── ledger::SliceLedger (pure, one per GPU)
 //!
 //!  devices::DeviceSource ─health events─> actors::health::HealthActor ─> watch<Inventory>
@@ -28,6 +30,7 @@ pub mod allocation;
 pub mod cluster;
 pub mod daemon;
 pub mod devices;
+pub mod epoch;
 pub mod grpc;
 pub mod ledger;
 pub mod metrics;

@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use actix::Addr;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -20,8 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::actors::gpu::{GetLedger, GpuActor};
 use crate::actors::health::Inventory;
+use crate::actors::pool::GpuPool;
 use crate::ledger::SliceLedger;
 
 /// Pod UID → (namespace, name), as the allocator last listed them.
@@ -176,19 +175,14 @@ pub struct Sources {
     pub node: String,
     /// The inventory.
     pub inventory: watch::Receiver<Inventory>,
-    /// The GPU actors.
-    pub gpus: Arc<BTreeMap<String, Addr<GpuActor>>>,
+    /// The GPUs.
+    pub gpus: GpuPool,
     /// Pod names.
     pub names: watch::Receiver<PodNames>,
 }
 
 async fn metrics(sources: web::Data<Sources>) -> HttpResponse {
-    let mut ledgers = BTreeMap::new();
-    for (uuid, gpu) in sources.gpus.iter() {
-        if let Ok(ledger) = gpu.send(GetLedger).await {
-            ledgers.insert(uuid.clone(), ledger);
-        }
-    }
+    let ledgers = sources.gpus.ledgers().await;
     let gpus = sources.inventory.borrow().clone();
     let names = sources.names.borrow().clone();
     match render(&sources.node, &gpus, &ledgers, &names) {
@@ -260,6 +254,7 @@ mod tests {
                     cores: 30,
                     init: false,
                 },
+                crate::epoch::Epoch(1),
             )
             .unwrap();
         let ledgers = [("GPU-a".to_owned(), ledger)].into_iter().collect();

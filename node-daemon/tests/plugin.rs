@@ -701,8 +701,12 @@ impl Cluster for GatedCluster {
         self.inner.set_node_annotation(node, key, value)
     }
 
-    fn pod_changes(&self, node: &str) -> futures::stream::BoxStream<'static, PodChange> {
-        self.inner.pod_changes(node)
+    fn pod_changes(
+        &self,
+        node: &str,
+        clock: node_daemon::epoch::CommitClock,
+    ) -> futures::stream::BoxStream<'static, PodChange> {
+        self.inner.pod_changes(node, clock)
     }
 }
 

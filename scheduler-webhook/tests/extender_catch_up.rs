@@ -399,3 +399,296 @@ async fn a_bind_to_another_node_is_refused_and_releases_the_reservation() {
         "the reservation was released"
     );
 }
+
+// === the node lock, against an in-process API stand-in ===
+
+/// A kube-apiserver stand-in for the bind: one node `n1`, pods by
+/// `namespace/name`, merge patches (with the `resourceVersion`
+/// precondition), `pods/binding`; it records every request.
+mod api {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::{BodyExt as _, Full};
+    use serde_json::{Value, json};
+    use tokio::sync::Mutex;
+
+    #[derive(Debug, Default)]
+    pub struct State {
+        pub node: Value,
+        pub pods: BTreeMap<String, Value>,
+        /// `METHOD path` of every request.
+        pub log: Vec<String>,
+    }
+
+    /// RFC 7386 merge patch: `null` removes, objects merge, anything else
+    /// replaces.
+    fn merge(target: &mut Value, patch: &Value) {
+        if patch.is_object() && !target.is_object() {
+            *target = json!({});
+        }
+        match (target, patch) {
+            (Value::Object(t), Value::Object(p)) => {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+            (t, p) => *t = p.clone(),
+        }
+    }
+
+    fn reply(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap()
+    }
+
+    fn status(code: u16, reason: &str) -> Response<Full<Bytes>> {
+        reply(
+            StatusCode::from_u16(code).unwrap(),
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason}),
+        )
+    }
+
+    /// Applies a merge patch honouring its `resourceVersion` precondition;
+    /// bumps the object's `resourceVersion`.
+    fn patch(object: &mut Value, mut patch: Value) -> Response<Full<Bytes>> {
+        let guard = patch["metadata"]["resourceVersion"].take();
+        if !guard.is_null() && guard != object["metadata"]["resourceVersion"] {
+            return status(409, "Conflict");
+        }
+        if let Some(meta) = patch["metadata"].as_object_mut() {
+            meta.remove("resourceVersion");
+        }
+        merge(object, &patch);
+        let rv: u64 = object["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        object["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+        reply(StatusCode::OK, object)
+    }
+
+    async fn handle(
+        state: Arc<Mutex<State>>,
+        req: Request<kube::client::Body>,
+    ) -> Response<Full<Bytes>> {
+        let (parts, body) = req.into_parts();
+        let body: Value = serde_json::from_slice(&body.collect().await.unwrap().to_bytes())
+            .unwrap_or(Value::Null);
+        let mut s = state.lock().await;
+        let path = parts.uri.path().to_owned();
+        s.log.push(format!("{} {path}", parts.method));
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        match (parts.method.as_str(), segments.as_slice()) {
+            ("GET", ["api", "v1", "nodes", "n1"]) => reply(StatusCode::OK, &s.node),
+            ("PATCH", ["api", "v1", "nodes", "n1"]) => patch(&mut s.node, body),
+            ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
+                match s.pods.get(&format!("{ns}/{name}")) {
+                    Some(pod) => reply(StatusCode::OK, pod),
+                    None => status(404, "NotFound"),
+                }
+            }
+            ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
+                match s.pods.get_mut(&format!("{ns}/{name}")) {
+                    Some(pod) => patch(pod, body),
+                    None => status(404, "NotFound"),
+                }
+            }
+            ("POST", ["api", "v1", "namespaces", ns, "pods", name, "binding"]) => {
+                let node = body["target"]["name"].clone();
+                match s.pods.get_mut(&format!("{ns}/{name}")) {
+                    Some(pod) => {
+                        pod["spec"]["nodeName"] = node;
+                        reply(
+                            StatusCode::CREATED,
+                            &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                        )
+                    }
+                    None => status(404, "NotFound"),
+                }
+            }
+            _ => status(404, "NotFound"),
+        }
+    }
+
+    /// A client whose every request `state` answers.
+    pub fn client(state: &Arc<Mutex<State>>) -> kube::Client {
+        let shared = Arc::clone(state);
+        let service = tower::service_fn(move |req| {
+            let state = Arc::clone(&shared);
+            async move { Ok::<_, std::convert::Infallible>(handle(state, req).await) }
+        });
+        kube::Client::new(service, "default")
+    }
+}
+
+/// The API as a bind finds it: node `n1` locked by `ns/holder` (taken
+/// `lock_age` seconds ago), the holder `Pending` with `bind-phase:
+/// allocating` since `bind_age` seconds and bound to `holder_node`, and the
+/// pod `ns/a` to bind, with no annotations.
+fn api_with_holder(
+    lock_age: i64,
+    bind_age: i64,
+    holder_node: Option<&str>,
+) -> std::sync::Arc<tokio::sync::Mutex<api::State>> {
+    let now = scheduler_webhook::clock::now_unix();
+    let lock = proto::hami::node_lock::NodeLock::acquired_at(now - lock_age, "ns", "holder")
+        .unwrap()
+        .to_string();
+    let holder = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "holder", "namespace": "ns", "uid": "holder", "resourceVersion": "10",
+            "annotations": {keys::BIND_PHASE: "allocating", keys::BIND_TIME: (now - bind_age).to_string()}},
+        "spec": {"containers": [{"name": "c"}], "nodeName": holder_node},
+        "status": {"phase": "Pending"}});
+    let mut a = slice_pod_json("a");
+    a["apiVersion"] = json!("v1");
+    a["kind"] = json!("Pod");
+    a["metadata"]["resourceVersion"] = json!("20");
+    std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
+        node: json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {keys::NODE_LOCK: lock}}}),
+        pods: [("ns/holder".to_owned(), holder), ("ns/a".to_owned(), a)]
+            .into_iter()
+            .collect(),
+        log: Vec::new(),
+    }))
+}
+
+async fn filtered_to_n1(uid: &str) -> ModelHandle {
+    let handle = model();
+    mark_listed(&handle, &[Kind::Nodes, Kind::Pods, Kind::Quotas]).await;
+    apply(&handle, node("n1", 1)).await;
+    let placed = handle
+        .filter(slice_pod(uid), candidates(&["n1"]), true)
+        .await
+        .unwrap();
+    assert_eq!(placed_on(&placed), Some("n1"), "{placed:?}");
+    handle
+}
+
+/// A node locked by a live holder (bound here, allocating, just now) that
+/// never lets go: the bind gives up after its wait with an error naming the
+/// node and the holder, and leaves nothing half-done: the pod is not bound
+/// and carries no allocation annotation, the holder and its lock are
+/// untouched, and the reservation is released.
+#[tokio::test(start_paused = true)]
+async fn a_bind_behind_a_live_holder_times_out_naming_node_and_holder_and_writes_nothing() {
+    use scheduler_webhook::extender::bind::{BindFailure, bind_within};
+    let handle = filtered_to_n1("a").await;
+    let state = api_with_holder(0, 0, Some("n1"));
+    let lock_before = state.lock().await.node["metadata"]["annotations"][keys::NODE_LOCK].clone();
+    let wait = std::time::Duration::from_secs(3);
+    let started = Instant::now();
+    let err = bind_within(&api::client(&state), &handle, &binding("a", "n1"), wait)
+        .await
+        .unwrap_err();
+    // Paused clock: the virtual time the wait's sleeps advanced.
+    assert!(started.elapsed() >= wait, "it waited its bound");
+    assert!(
+        matches!(&err, BindFailure::LockTimeout { node, holder, .. } if node == "n1" && holder == "ns/holder"),
+        "{err}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("n1") && message.contains("ns/holder"),
+        "{message}"
+    );
+
+    let s = state.lock().await;
+    let a = &s.pods["ns/a"];
+    assert!(a["spec"]["nodeName"].is_null(), "not bound: {a}");
+    let annotations = a["metadata"]["annotations"].as_object();
+    assert!(
+        annotations.is_none_or(|m| !m
+            .keys()
+            .any(|k| k.starts_with("hami.io/") || k.starts_with("gpuslice.io/"))),
+        "no allocation annotation: {a}"
+    );
+    assert!(
+        !s.log.iter().any(|r| r.ends_with("/binding")
+            || r == "PATCH /api/v1/nodes/n1"
+            || r == "PATCH /api/v1/namespaces/ns/pods/holder"),
+        "no binding, no lock write, the holder untouched: {:?}",
+        s.log
+    );
+    assert_eq!(
+        s.node["metadata"]["annotations"][keys::NODE_LOCK],
+        lock_before
+    );
+    drop(s);
+    assert!(
+        handle.decision("a").await.unwrap().is_none(),
+        "the reservation was released"
+    );
+}
+
+/// A holder that was never bound (its binder stopped between the
+/// annotations and `pods/binding`) is marked abandoned once the grace since
+/// its bind has passed — `bind-phase=failed` and the node named, guarded by
+/// its resourceVersion — and only then is its lock taken; the bind goes on.
+#[tokio::test]
+async fn an_unbound_stuck_holder_is_marked_abandoned_before_its_lock_is_taken() {
+    use scheduler_webhook::extender::bind::bind_within;
+    use scheduler_webhook::extender::lock::UNBOUND_GRACE_SECS;
+    let handle = filtered_to_n1("a").await;
+    let state = api_with_holder(UNBOUND_GRACE_SECS, UNBOUND_GRACE_SECS, None);
+    bind_within(
+        &api::client(&state),
+        &handle,
+        &binding("a", "n1"),
+        std::time::Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    let s = state.lock().await;
+    let holder = &s.pods["ns/holder"]["metadata"]["annotations"];
+    assert_eq!(holder[keys::BIND_PHASE], "failed");
+    assert_eq!(holder[keys::BIND_ABANDONED], "n1");
+    let mark = s
+        .log
+        .iter()
+        .position(|r| r == "PATCH /api/v1/namespaces/ns/pods/holder")
+        .expect("the holder was marked");
+    let lock = s
+        .log
+        .iter()
+        .position(|r| r == "PATCH /api/v1/nodes/n1")
+        .expect("the lock was taken");
+    assert!(mark < lock, "marked before the lock was taken: {:?}", s.log);
+    assert_eq!(s.pods["ns/a"]["spec"]["nodeName"], "n1");
+}
+
+/// A holder bound to the node and allocating keeps it until HAMi's expiry,
+/// however long ago it was bound: no sooner takeover (its Allocate may still
+/// come, and would be refused with the new holder's).
+#[tokio::test(start_paused = true)]
+async fn a_bound_holder_keeps_the_node_until_the_lock_expires() {
+    use scheduler_webhook::extender::bind::{BindFailure, bind_within};
+    use scheduler_webhook::extender::lock::UNBOUND_GRACE_SECS;
+    let handle = filtered_to_n1("a").await;
+    let state = api_with_holder(4 * UNBOUND_GRACE_SECS, 4 * UNBOUND_GRACE_SECS, Some("n1"));
+    let err = bind_within(
+        &api::client(&state),
+        &handle,
+        &binding("a", "n1"),
+        std::time::Duration::from_secs(1),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, BindFailure::LockTimeout { .. }), "{err}");
+    let s = state.lock().await;
+    assert_eq!(
+        s.pods["ns/holder"]["metadata"]["annotations"][keys::BIND_PHASE],
+        "allocating"
+    );
+}

@@ -2,13 +2,12 @@
 //! makes exactly one ledger call, so the ledger's invariants (no
 //! over-commit) hold whatever the interleaving of messages.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use actix::{Actor, Context, Handler, Message, Supervised};
 use tracing::{debug, info};
 
-use crate::ledger::{Committed, LedgerError, Slice, SliceKey, SliceLedger};
+use crate::ledger::{Committed, Epoch, LedgerError, LiveSnapshot, Slice, SliceKey, SliceLedger};
 
 /// Holds a slice for a container (a verb: the GPU commits or refuses).
 #[derive(Debug, Clone, Message)]
@@ -18,6 +17,8 @@ pub struct CommitSlice {
     pub key: SliceKey,
     /// What is held.
     pub slice: Slice,
+    /// The commit's stamp from the node's commit clock.
+    pub at: Epoch,
 }
 
 /// Frees a container's slice; answers what it held.
@@ -36,12 +37,13 @@ pub struct ReleasePod {
     pub pod_uid: String,
 }
 
-/// Frees the slices of every pod not in `live`; answers how many.
+/// Frees the slices of every pod absent from a liveness snapshot that were
+/// committed before it was taken; answers how many.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "usize")]
 pub struct ReleasePodsExcept {
-    /// UIDs of the pods still alive on the node.
-    pub live: Arc<BTreeSet<String>>,
+    /// The pods alive on the node as of one list, with its epoch.
+    pub snapshot: Arc<LiveSnapshot>,
 }
 
 /// A copy of the ledger, for metrics and tests.
@@ -85,7 +87,7 @@ impl Handler<CommitSlice> for GpuActor {
     type Result = Result<Committed, LedgerError>;
 
     fn handle(&mut self, msg: CommitSlice, _: &mut Self::Context) -> Self::Result {
-        let out = self.ledger.commit(msg.key, msg.slice);
+        let out = self.ledger.commit(msg.key, msg.slice, msg.at);
         debug!(gpu = %self.uuid, ?out, "commit");
         out
     }
@@ -103,7 +105,7 @@ impl Handler<ReleasePodsExcept> for GpuActor {
     type Result = usize;
 
     fn handle(&mut self, msg: ReleasePodsExcept, _: &mut Self::Context) -> Self::Result {
-        let freed = self.ledger.release_pods_except(&msg.live);
+        let freed = self.ledger.release_pods_except(&msg.snapshot);
         if freed > 0 {
             info!(gpu = %self.uuid, freed, "released slices of pods gone from the node");
         }
@@ -158,6 +160,7 @@ mod tests {
                         cores: 5,
                         init: false,
                     },
+                    at: Epoch(1),
                 })
             })
             .collect();
@@ -171,8 +174,11 @@ mod tests {
         );
         let ledger = gpu.send(GetLedger).await.unwrap();
         assert_eq!(ledger.usage().slots, 4);
-        let live = Arc::new(["p0".to_owned()].into_iter().collect());
-        let freed = gpu.send(ReleasePodsExcept { live }).await.unwrap();
+        let snapshot = Arc::new(LiveSnapshot {
+            live: ["p0".to_owned()].into_iter().collect(),
+            taken_at: Epoch(1),
+        });
+        let freed = gpu.send(ReleasePodsExcept { snapshot }).await.unwrap();
         assert_eq!(freed, 3);
     }
 }

@@ -4,25 +4,22 @@
 //! annotations. Allocates run one at a time (an atomic response), as
 //! kubelet admits pods one at a time anyway.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use actix::{
-    Actor, Addr, AtomicResponse, Context, Handler, Message, ResponseFuture, WrapFuture as _,
-};
+use actix::{Actor, AtomicResponse, Context, Handler, Message, ResponseFuture, WrapFuture as _};
 use proto::hami::bind::BindPhase;
 use proto::hami::container_contract::{ContainerSlice, ContractContext, container_env_and_mounts};
 use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
 use tracing::{info, warn};
 
-use super::gpu::{CommitSlice, GpuActor, ReleasePodsExcept, ReleaseSlice};
+use super::pool::{CommitFailure, GpuPool};
 use crate::allocation::{
     AllocateError, ContainerPlan, PodFailure, identify_pod, plan_container, prefer_devices,
 };
 use crate::cluster::{AnnotationPatch, Cluster, PodView};
-use crate::ledger::{Committed, SliceKey};
+use crate::ledger::{Committed, LiveSnapshot, SliceKey};
 
 /// Serves Allocate: one entry per container request, each the device IDs
 /// kubelet picked.
@@ -68,8 +65,8 @@ pub struct Allocator {
     pub node: String,
     /// The API.
     pub cluster: Arc<dyn Cluster>,
-    /// The GPU actors by UUID.
-    pub gpus: Arc<BTreeMap<String, Addr<GpuActor>>>,
+    /// The node's GPUs.
+    pub gpus: GpuPool,
     /// Contract settings.
     pub contract: ContractSettings,
     /// Where the names of the pods last listed are published (for metrics).
@@ -80,33 +77,30 @@ impl std::fmt::Debug for Allocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Allocator")
             .field("node", &self.node)
-            .field("gpus", &self.gpus.keys().collect::<Vec<_>>())
+            .field("gpus", &self.gpus)
             .finish_non_exhaustive()
     }
 }
 
 impl Allocator {
-    /// Lists the node's pods and releases the slices of pods gone or finished.
+    /// Lists the node's pods and releases the slices of pods gone or
+    /// finished (a liveness snapshot stamped before the list is read).
     async fn pods(&self) -> Result<Vec<PodView>, AllocateError> {
+        let taken_at = self.gpus.clock().now();
         let pods = self
             .cluster
             .pods_on_node(&self.node)
             .await
             .map_err(AllocateError::Cluster)?;
         self.names.send_replace(pod_names(&pods));
-        let live: Arc<BTreeSet<String>> = Arc::new(
-            pods.iter()
-                .filter(|p| !p.is_terminal())
-                .map(|p| p.uid.clone())
-                .collect(),
-        );
-        for gpu in self.gpus.values() {
-            let _ = gpu
-                .send(ReleasePodsExcept {
-                    live: Arc::clone(&live),
-                })
-                .await;
-        }
+        let live = pods
+            .iter()
+            .filter(|p| !p.is_terminal())
+            .map(|p| p.uid.clone())
+            .collect();
+        self.gpus
+            .release_except(LiveSnapshot { live, taken_at })
+            .await;
         Ok(pods)
     }
 
@@ -138,9 +132,7 @@ impl Allocator {
             Ok(slices) => Ok(slices),
             Err(reason) => {
                 for (uuid, key) in committed {
-                    if let Some(gpu) = self.gpus.get(&uuid) {
-                        let _ = gpu.send(ReleaseSlice { key }).await;
-                    }
+                    self.gpus.release(&uuid, key).await;
                 }
                 let failed: AnnotationPatch = [(
                     keys::BIND_PHASE.to_owned(),
@@ -180,21 +172,13 @@ impl Allocator {
         committed: &mut Vec<(String, SliceKey)>,
     ) -> Result<(), PodFailure> {
         for (uuid, key, slice) in plan.slices(&pod.uid) {
-            let gpu = self
-                .gpus
-                .get(&uuid)
-                .ok_or_else(|| PodFailure::GpuUnavailable(uuid.clone()))?;
-            match gpu
-                .send(CommitSlice {
-                    key: key.clone(),
-                    slice,
-                })
-                .await
-            {
-                Ok(Ok(Committed::New)) => committed.push((uuid, key)),
-                Ok(Ok(Committed::AlreadyHeld)) => {}
-                Ok(Err(error)) => return Err(PodFailure::Ledger { uuid, error }),
-                Err(_) => return Err(PodFailure::GpuUnavailable(uuid)),
+            match self.gpus.commit(&uuid, key.clone(), slice).await {
+                Ok(Committed::New) => committed.push((uuid, key)),
+                Ok(Committed::AlreadyHeld) => {}
+                Err(CommitFailure::Ledger(error)) => {
+                    return Err(PodFailure::Ledger { uuid, error });
+                }
+                Err(CommitFailure::Unavailable) => return Err(PodFailure::GpuUnavailable(uuid)),
             }
         }
         Ok(())
@@ -210,7 +194,7 @@ impl Allocator {
         let mut slices = Vec::with_capacity(requests.len());
         let mut last = false;
         for ids in requests {
-            let plan = plan_container(pod, &todo, ids.len(), |u| self.gpus.contains_key(u))?;
+            let plan = plan_container(pod, &todo, ids.len(), |u| self.gpus.contains(u))?;
             self.commit(pod, &plan, committed).await?;
             let slice = self.contract(pod, &plan).await?;
             info!(

@@ -2,9 +2,12 @@
 //!
 //! ```text
 //!  kubelet ──gRPC──> grpc::DevicePluginService ──AllocateContainers──> KubeletActor
-//!                          │ ListAndWatch                                 │ CommitSlice / ReleaseSlice
+//!                          │ ListAndWatch                                 │ commit / release_except
 //!                          ▼                                              ▼
-//!              watch<Inventory> <── HealthActor <── DeviceSource    GpuActor × N (one ledger each)
+//!              watch<Inventory> <── HealthActor <── DeviceSource    GpuPool <── PodWatch
+//!                          │                                              │ one message per GPU
+//!                          │                                              ▼
+//!                          │                                        GpuActor × N (one ledger each)
 //!                          │
 //!                          └──> registrar (node register annotation, on change only)
 //! ```
@@ -13,9 +16,11 @@
 //! message, [`kubelet::KubeletActor`] runs the pure decisions of
 //! `allocation` with I/O around them, [`health::HealthActor`] folds health
 //! events into the inventory snapshot, [`pod_watch::PodWatch`] frees the
-//! slices of pods that leave the node.
+//! slices of pods that leave the node. [`pool::GpuPool`] is the one handle
+//! to the GPU actors the others hold (and the only broadcast to them).
 
 pub mod gpu;
 pub mod health;
 pub mod kubelet;
 pub mod pod_watch;
+pub mod pool;

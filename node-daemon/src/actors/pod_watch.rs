@@ -1,33 +1,29 @@
 //! `PodWatch`: frees the slices of pods that leave the node (deleted or
 //! finished), from the cluster's pod watch, so the ledgers and `/metrics`
 //! follow the node without waiting for the next Allocate (which also
-//! reconciles against its own pod list).
-
-use std::collections::BTreeMap;
-use std::sync::Arc;
+//! reconciles against its own pod list). A relist's snapshot carries the
+//! epoch it was taken at, so one that arrives late never frees a slice
+//! committed after it.
 
 use actix::{Actor, ActorContext as _, Addr, AsyncContext as _, Context, StreamHandler};
 use futures::stream::BoxStream;
 use tracing::warn;
 
-use super::gpu::{GpuActor, ReleasePod, ReleasePodsExcept};
+use super::pool::GpuPool;
 use crate::cluster::PodChange;
 
-/// Forwards pod departures to every GPU actor.
+/// Forwards pod departures to the GPU pool.
 #[derive(Debug)]
 pub struct PodWatch {
-    gpus: Arc<BTreeMap<String, Addr<GpuActor>>>,
+    pool: GpuPool,
 }
 
 impl PodWatch {
     /// Starts the actor on `changes`.
-    pub fn start_on(
-        gpus: Arc<BTreeMap<String, Addr<GpuActor>>>,
-        changes: BoxStream<'static, PodChange>,
-    ) -> Addr<Self> {
+    pub fn start_on(pool: GpuPool, changes: BoxStream<'static, PodChange>) -> Addr<Self> {
         Self::create(|ctx| {
             ctx.add_stream(changes);
-            Self { gpus }
+            Self { pool }
         })
     }
 }
@@ -38,21 +34,13 @@ impl Actor for PodWatch {
 
 impl StreamHandler<PodChange> for PodWatch {
     fn handle(&mut self, change: PodChange, _: &mut Self::Context) {
+        let pool = self.pool.clone();
         match change {
             PodChange::Gone(pod_uid) => {
-                for gpu in self.gpus.values() {
-                    gpu.do_send(ReleasePod {
-                        pod_uid: pod_uid.clone(),
-                    });
-                }
+                actix::spawn(async move { pool.release_pod(pod_uid).await });
             }
-            PodChange::Live(live) => {
-                let live = Arc::new(live);
-                for gpu in self.gpus.values() {
-                    gpu.do_send(ReleasePodsExcept {
-                        live: Arc::clone(&live),
-                    });
-                }
+            PodChange::Live(snapshot) => {
+                actix::spawn(async move { pool.release_except(snapshot).await });
             }
         }
     }

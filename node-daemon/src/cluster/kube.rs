@@ -12,6 +12,9 @@ use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
 use serde_json::{Map, Value, json};
 
+use crate::epoch::CommitClock;
+use crate::ledger::LiveSnapshot;
+
 use super::{
     AnnotationPatch, Cluster, ClusterError, ContainerView, PodChange, PodView, lock_releasable_by,
 };
@@ -249,12 +252,18 @@ impl Cluster for KubeCluster {
         .boxed()
     }
 
-    fn pod_changes(&self, node: &str) -> BoxStream<'static, PodChange> {
+    /// The relist's snapshot is stamped when the watcher announces it
+    /// (`Event::Init`, yielded before the LIST is requested), and the LIST
+    /// is a quorum read (`ListSemantic::MostRecent`): a list served from
+    /// the apiserver's cache could miss a pod an Allocate already read.
+    fn pod_changes(&self, node: &str, clock: CommitClock) -> BoxStream<'static, PodChange> {
         use kube::runtime::WatchStreamExt as _;
         use kube::runtime::watcher::{self, Event};
         let api: Api<Pod> = Api::all(self.client.clone());
-        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let mut listing = std::collections::BTreeSet::new();
+        let config = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node}"))
+            .list_semantic(watcher::ListSemantic::MostRecent);
+        let mut listing = LiveSnapshot::default();
         watcher::watcher(api, config)
             .default_backoff()
             .filter_map(move |event| {
@@ -265,13 +274,16 @@ impl Cluster for KubeCluster {
                         view.is_terminal().then_some(PodChange::Gone(view.uid))
                     }
                     Ok(Event::Init) => {
-                        listing.clear();
+                        listing = LiveSnapshot {
+                            live: std::collections::BTreeSet::new(),
+                            taken_at: clock.now(),
+                        };
                         None
                     }
                     Ok(Event::InitApply(pod)) => {
                         let view = pod_view(&pod);
                         if !view.is_terminal() {
-                            listing.insert(view.uid);
+                            listing.live.insert(view.uid);
                         }
                         None
                     }

@@ -14,6 +14,8 @@ use proto::hami::node_lock::LockOwner;
 use tokio::sync::watch;
 
 use super::{AnnotationPatch, Cluster, ClusterError, PodChange, PodView, lock_releasable_by};
+use crate::epoch::CommitClock;
+use crate::ledger::LiveSnapshot;
 
 /// Everything a [`MemoryCluster`] holds.
 #[derive(Debug, Clone, Default)]
@@ -182,13 +184,15 @@ impl Cluster for MemoryCluster {
     }
 
     /// Every change of the state yields the live pods of `node` as a
-    /// complete list.
-    fn pod_changes(&self, node: &str) -> BoxStream<'static, PodChange> {
+    /// complete list, stamped with `clock` just before the state is read.
+    fn pod_changes(&self, node: &str, clock: CommitClock) -> BoxStream<'static, PodChange> {
         let node = node.to_owned();
         futures::stream::unfold(self.state.subscribe(), move |mut rx| {
             let node = node.clone();
+            let clock = clock.clone();
             async move {
                 rx.changed().await.ok()?;
+                let taken_at = clock.now();
                 let live = rx
                     .borrow_and_update()
                     .pods
@@ -196,7 +200,7 @@ impl Cluster for MemoryCluster {
                     .filter(|(n, p)| *n == node && !p.is_terminal())
                     .map(|(_, p)| p.uid.clone())
                     .collect();
-                Some((PodChange::Live(live), rx))
+                Some((PodChange::Live(LiveSnapshot { live, taken_at }), rx))
             }
         })
         .boxed()

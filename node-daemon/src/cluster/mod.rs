@@ -17,6 +17,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use proto::hami::node_lock::LockOwner;
 
+use crate::epoch::CommitClock;
+use crate::ledger::LiveSnapshot;
+
 /// What the daemon needs to know about one pod.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodView {
@@ -73,8 +76,10 @@ impl PodView {
 pub enum PodChange {
     /// The pod was deleted or finished: its slices are free.
     Gone(String),
-    /// A complete list (after a (re)list): every pod UID not in it is gone.
-    Live(std::collections::BTreeSet<String>),
+    /// A complete list (after a (re)list): every pod UID not in it is gone,
+    /// as of the snapshot's epoch (read from the commit clock before the
+    /// list was requested).
+    Live(LiveSnapshot),
 }
 
 /// Annotation changes of one merge patch: `Some` sets, `None` removes.
@@ -141,8 +146,10 @@ pub trait Cluster: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), ClusterError>>;
 
     /// Pods of `node` going away, from now on (a watch; errors are retried
-    /// inside the stream).
-    fn pod_changes(&self, node: &str) -> BoxStream<'static, PodChange>;
+    /// inside the stream). Each [`PodChange::Live`] is stamped with
+    /// `clock`'s reading taken before its list was requested, and the list
+    /// must be a consistent read (not served from a stale cache).
+    fn pod_changes(&self, node: &str, clock: CommitClock) -> BoxStream<'static, PodChange>;
 }
 
 /// Whether the lock value `raw` may be released by `owner`: it parses and

@@ -100,6 +100,7 @@ pub fn status_of(error: &AllocateError) -> Status {
         } => Status::resource_exhausted(message),
         AllocateError::NoPod { .. }
         | AllocateError::Ambiguous { .. }
+        | AllocateError::Abandoned { .. }
         | AllocateError::Pod { .. } => Status::failed_precondition(message),
     }
 }

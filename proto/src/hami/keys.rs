@@ -58,6 +58,14 @@ pub const BIND_PHASE: &str = "hami.io/bind-phase";
 /// that never complete. Value: [`super::bind::BindTime`].
 pub const BIND_TIME: &str = "hami.io/bind-time";
 
+/// Pod annotation, **gpuslice's own** (not HAMi's, not in [`ALL`]): a binder
+/// took this pod's node lock over while the pod might still be admitted
+/// there. Value: the node's name. Written with `bind-phase=failed` by a
+/// resourceVersion-guarded patch; while a pod bound to that node carries it
+/// and is still `Pending`, that node's daemon refuses every Allocate the pod
+/// could have sent (see `docs/protocol.md`, the node lock).
+pub const BIND_ABANDONED: &str = "gpuslice.io/bind-abandoned";
+
 // === Pod annotations a user may set ===
 
 /// Pod annotation: comma list; only GPUs whose type contains one of the

@@ -14,13 +14,13 @@ use serde_json::{Value, json};
 use tokio::time::{Instant, sleep};
 use tracing::{info, warn};
 
-use super::lock::{LockState, classify, holder_needs_lock};
+use super::lock::{Holder, LockState, classify, judge_holder};
 use super::wire::ExtenderBindingArgs;
 use crate::cache::owner::{Command, ModelHandle};
 use crate::clock::now_unix;
 
 /// How long a bind waits for another pod's node lock; well inside
-/// kube-scheduler's 30 s extender timeout.
+/// kube-scheduler's 30 s extender timeout. [`bind_within`] takes another.
 pub const LOCK_WAIT: Duration = Duration::from_secs(20);
 
 /// Why a bind failed (reported to kube-scheduler in `Error`).
@@ -81,6 +81,19 @@ pub async fn bind(
     model: &ModelHandle,
     args: &ExtenderBindingArgs,
 ) -> Result<(), BindFailure> {
+    bind_within(client, model, args, LOCK_WAIT).await
+}
+
+/// [`bind`], waiting at most `lock_wait` for another pod's node lock.
+///
+/// # Errors
+/// A [`BindFailure`] saying what failed.
+pub async fn bind_within(
+    client: &Client,
+    model: &ModelHandle,
+    args: &ExtenderBindingArgs,
+    lock_wait: Duration,
+) -> Result<(), BindFailure> {
     // Before the first list the model may know a node but not the pods on
     // it; nothing here may act on that picture.
     if !model.is_ready() {
@@ -100,7 +113,7 @@ pub async fn bind(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
 
     let result = async {
-        acquire_lock(&nodes, client, args).await?;
+        acquire_lock(&nodes, client, args, lock_wait).await?;
         let devices = decided
             .devices
             .try_encode()
@@ -115,6 +128,9 @@ pub async fn bind(
                 keys::VGPU_DEVICES_ALLOCATED: devices,
                 keys::BIND_PHASE: BindPhase::Allocating.as_str(),
                 keys::BIND_TIME: now,
+                // A new decision: an earlier binder's abandonment of this
+                // pod is history (its binding, if it ever lands, makes ours fail).
+                keys::BIND_ABANDONED: null,
             }
         }});
         pods.patch(
@@ -212,11 +228,14 @@ pub async fn release_lock(nodes: &Api<Node>, node: &str, namespace: &str, pod: &
     }
 }
 
-/// Takes the node lock for the pod, waiting (bounded) while a live pod holds it.
+/// Takes the node lock for the pod, waiting at most `lock_wait` while a
+/// live pod holds it. A stuck holder is marked abandoned before its lock is
+/// taken ([`Holder::Abandon`], [`abandon`]).
 async fn acquire_lock(
     nodes: &Api<Node>,
     client: &Client,
     args: &ExtenderBindingArgs,
+    lock_wait: Duration,
 ) -> Result<(), BindFailure> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(50);
@@ -236,36 +255,47 @@ async fn acquire_lock(
             .map(String::as_str);
         let now = now_unix();
         let mut holder = None;
-        let take =
-            match classify(current, &args.pod_namespace, &args.pod_name, now) {
-                LockState::Ours => return Ok(()),
-                LockState::Free => true,
-                LockState::Stale(why) => {
-                    info!(node = %args.node, %why, "taking over node lock");
-                    true
-                }
-                LockState::HeldAnonymously => false,
-                LockState::HeldBy(owner) => {
-                    let owner_pods: Api<Pod> = Api::namespaced(client.clone(), &owner.namespace);
-                    let pod = owner_pods.get_opt(&owner.pod).await.map_err(|source| {
-                        BindFailure::Api {
+        let take = match classify(current, &args.pod_namespace, &args.pod_name, now) {
+            LockState::Ours => return Ok(()),
+            LockState::Free => true,
+            LockState::Stale(why) => {
+                info!(node = %args.node, %why, "taking over node lock");
+                true
+            }
+            LockState::HeldAnonymously => false,
+            LockState::HeldBy { owner, age_secs } => {
+                let owner_pods: Api<Pod> = Api::namespaced(client.clone(), &owner.namespace);
+                let pod =
+                    owner_pods
+                        .get_opt(&owner.pod)
+                        .await
+                        .map_err(|source| BindFailure::Api {
                             step: "read lock holder",
                             source,
-                        }
-                    })?;
-                    let who = format!("{}/{}", owner.namespace, owner.pod);
-                    match holder_needs_lock(pod.as_ref()) {
-                        Ok(()) => {
-                            holder = Some(who);
-                            false
-                        }
-                        Err(why) => {
-                            info!(node = %args.node, holder = %who, %why, "taking over node lock");
-                            true
-                        }
+                        })?;
+                let who = format!("{}/{}", owner.namespace, owner.pod);
+                match (judge_holder(pod.as_ref(), &args.node, age_secs, now), pod) {
+                    (Holder::Waiting, _) => {
+                        holder = Some(who);
+                        false
                     }
+                    (Holder::Done(why), _) => {
+                        info!(node = %args.node, holder = %who, %why, "taking over node lock");
+                        true
+                    }
+                    (Holder::Abandon(why), Some(pod)) => {
+                        holder = Some(who.clone());
+                        let marked = abandon(&owner_pods, &pod, &args.node).await?;
+                        if marked {
+                            info!(node = %args.node, holder = %who, %why, "holder marked abandoned; taking over node lock");
+                        }
+                        marked
+                    }
+                    // Judged abandoned, so the pod exists.
+                    (Holder::Abandon(_), None) => true,
                 }
-            };
+            }
+        };
         if take {
             let lock = NodeLock::acquired_at(now, &args.pod_namespace, &args.pod_name)
                 .map_err(|e| BindFailure::Encode(e.to_string()))?;
@@ -289,7 +319,7 @@ async fn acquire_lock(
             }
         }
         let waited = started.elapsed();
-        if waited >= LOCK_WAIT {
+        if waited >= lock_wait {
             return Err(BindFailure::LockTimeout {
                 node: args.node.clone(),
                 holder: holder.unwrap_or_else(|| "an unnamed holder".to_owned()),
@@ -298,7 +328,35 @@ async fn acquire_lock(
         }
         // Waiting on another pod's Allocate, which happens outside our view:
         // poll with a capped backoff.
-        sleep(pause.min(LOCK_WAIT.saturating_sub(waited))).await;
+        sleep(pause.min(lock_wait.saturating_sub(waited))).await;
         pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Marks a stuck lock holder abandoned on `node`: `bind-phase=failed` and
+/// `gpuslice.io/bind-abandoned=<node>`, guarded by the `resourceVersion` it
+/// was judged at, so a pod that changed meanwhile (bound, allocated) is
+/// judged again instead. Returns whether the mark was written.
+async fn abandon(pods: &Api<Pod>, pod: &Pod, node: &str) -> Result<bool, BindFailure> {
+    let Some(name) = pod.metadata.name.as_deref() else {
+        return Ok(false);
+    };
+    let patch = json!({"metadata": {
+        "resourceVersion": pod.metadata.resource_version,
+        "annotations": {
+            keys::BIND_PHASE: BindPhase::Failed.as_str(),
+            keys::BIND_ABANDONED: node,
+        }
+    }});
+    match pods
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(false),
+        Err(source) => Err(BindFailure::Api {
+            step: "mark lock holder abandoned",
+            source,
+        }),
     }
 }

@@ -31,6 +31,7 @@ pub const ALLOCATION_ANNOTATIONS: &[&str] = &[
     keys::VGPU_MIG_ALLOCATIONS,
     keys::BIND_PHASE,
     keys::BIND_TIME,
+    keys::BIND_ABANDONED,
 ];
 
 /// What the webhook answers for a pod.
