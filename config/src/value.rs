@@ -65,7 +65,7 @@ pub fn named_parser<T: Named>() -> impl clap::builder::TypedValueParser<Value = 
 pub mod by_name {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use super::Named;
+    use crate::value::Named;
 
     /// Writes the value's name.
     ///
@@ -88,7 +88,7 @@ pub mod by_name {
     pub mod option {
         use serde::{Deserialize, Deserializer, Serializer};
 
-        use super::super::Named;
+        use crate::value::Named;
 
         /// Writes the name, or nothing.
         ///
@@ -163,7 +163,7 @@ pub mod listen {
     /// Not a string, or not an address.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
         let text = String::deserialize(d)?;
-        super::parse_listen(&text).map_err(serde::de::Error::custom)
+        crate::value::parse_listen(&text).map_err(serde::de::Error::custom)
     }
 
     /// The same for an `Option` (unset: nothing listens).
@@ -191,7 +191,7 @@ pub mod listen {
             d: D,
         ) -> Result<Option<SocketAddr>, D::Error> {
             Option::<String>::deserialize(d)?
-                .map(|text| super::super::parse_listen(&text).map_err(serde::de::Error::custom))
+                .map(|text| crate::value::parse_listen(&text).map_err(serde::de::Error::custom))
                 .transpose()
         }
     }
