@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use proto::settings::{FileFormat, FileLayer, layered};
+use gpuslice_config::{FileFormat, FileLayer, layered};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, bytes)) = data.split_first() else {

@@ -336,13 +336,15 @@ fn start_scheduler_webhook(
 
     let settings = Settings {
         kubeconfig: Some(kubeconfig.to_owned()),
-        listen: "127.0.0.1:0".to_owned(),
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         tls_cert: Some(tls.0.clone()),
         tls_key: Some(tls.1.clone()),
-        metrics_listen: "127.0.0.1:0".to_owned(),
+        metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         scheduler_name: SCHEDULER_NAME.to_owned(),
-        node_scheduler_policy: spec.node_policy.clone(),
-        gpu_scheduler_policy: spec.gpu_policy.clone(),
+        node_scheduler_policy: (spec.node_policy.parse())
+            .map_err(|e| start_err("scheduler-webhook", e))?,
+        gpu_scheduler_policy: (spec.gpu_policy.parse())
+            .map_err(|e| start_err("scheduler-webhook", e))?,
         identity: Some(identity.to_owned()),
         ..Settings::default()
     };

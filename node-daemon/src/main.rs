@@ -17,9 +17,6 @@ struct Cli {
     /// Print the effective settings as JSON and exit.
     #[arg(long)]
     print_config: bool,
-    /// Same as --log-format=json (kept for existing charts).
-    #[arg(long, env = "GPUSLICE_LOG_JSON")]
-    log_json: bool,
     #[command(flatten)]
     flags: Flags,
 }
@@ -55,11 +52,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    telemetry::init(if cli.log_json {
-        telemetry::LogFormat::Json
-    } else {
-        settings.log_format
-    });
+    telemetry::init(settings.log_format);
     match node_daemon::daemon::run_process(settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -2,13 +2,15 @@
 //! names where one exists), defaults, command-line flags and validation.
 //!
 //! Layering (defaults < file < `GPUSLICE_…` env < flags) is
-//! [`proto::settings::load`]; this module owns what the keys are and what
+//! [`gpuslice_config::layered`]; this module owns what the keys are and what
 //! makes a value valid.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use gpuslice_config::parse_listen;
 use serde::{Deserialize, Serialize};
-use telemetry::LogFormat;
+use telemetry::{LogFlags, LogFormat};
 
 /// Where the GPUs come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -77,8 +79,10 @@ pub struct Settings {
     pub resource_name: String,
     /// Host folder holding HAMi-core (`vgpu/libvgpu.so`, `vgpu/ld.so.preload`).
     pub hook_path: PathBuf,
-    /// Where `/metrics` and `/healthz` are served; unset disables them.
-    pub metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Where `/metrics` and `/healthz` are served (`:9396` means all
+    /// interfaces); unset disables them.
+    #[serde(with = "gpuslice_config::listen::option")]
+    pub metrics_bind_address: Option<SocketAddr>,
     /// Log output: `human` or `json` (`--log-json` is the same as `json`).
     pub log_format: LogFormat,
 }
@@ -101,7 +105,7 @@ impl Default for Settings {
             filter_devices: FilterDevices::default(),
             resource_name: "nvidia.com/gpu".to_owned(),
             hook_path: PathBuf::from("/usr/local"),
-            metrics_bind_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 9396))),
+            metrics_bind_address: Some(SocketAddr::from(([0, 0, 0, 0], 9396))),
             log_format: LogFormat::Human,
         }
     }
@@ -220,12 +224,13 @@ pub struct Flags {
     /// Host folder holding HAMi-core [default: /usr/local].
     #[arg(long)]
     pub hook_path: Option<PathBuf>,
-    /// Address of /metrics and /healthz [default: 0.0.0.0:9396].
-    #[arg(long)]
-    pub metrics_bind_address: Option<std::net::SocketAddr>,
-    /// Log output: human or json [default: human].
-    #[arg(long, value_enum)]
-    pub log_format: Option<LogFormat>,
+    /// Address of /metrics and /healthz, host:port or :port [default: 0.0.0.0:9396].
+    #[arg(long, value_parser = parse_listen)]
+    pub metrics_bind_address: Option<SocketAddr>,
+    /// `--log-format`, `--log-json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub log: LogFlags,
 }
 
 /// Why the daemon cannot start with the given configuration.
@@ -233,25 +238,26 @@ pub struct Flags {
 pub enum ConfigError {
     /// The layers do not merge into settings.
     #[error(transparent)]
-    Layers(#[from] proto::settings::SettingsError),
+    Layers(#[from] gpuslice_config::SettingsError),
     /// A value is not acceptable.
     #[error(transparent)]
     Invalid(#[from] InvalidSetting),
 }
 
-/// Loads the layered settings (see [`proto::settings::load`]), takes the node
+/// Loads the layered settings (see [`gpuslice_config::load`]), takes the node
 /// name from `$NODE_NAME` when unset, and validates.
 ///
 /// # Errors
 /// A [`ConfigError`] with a one-line reason.
 pub fn load(file: Option<&std::path::Path>, flags: &Flags) -> Result<Settings, ConfigError> {
-    let settings: Settings = proto::settings::load(file, flags)?;
+    let settings: Settings = gpuslice_config::load(file, flags)?;
     Ok(settings.finish(std::env::var("NODE_NAME").ok())?)
 }
 
 #[cfg(test)]
 mod tests {
-    use proto::settings::{FileFormat, FileLayer, layered};
+    use clap::Parser;
+    use gpuslice_config::{FileFormat, FileLayer, layered};
 
     use super::*;
 
@@ -259,7 +265,18 @@ mod tests {
         None
     }
 
-    fn from_yaml(text: &str) -> Result<Settings, proto::settings::SettingsError> {
+    /// The daemon's flags as the command line gives them.
+    fn flags(args: &[&str]) -> Result<Flags, clap::Error> {
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: Flags,
+        }
+        Cli::try_parse_from(std::iter::once("node-daemon").chain(args.iter().copied()))
+            .map(|c| c.flags)
+    }
+
+    fn from_yaml(text: &str) -> Result<Settings, gpuslice_config::SettingsError> {
         let file = FileLayer {
             origin: "c.yaml",
             text,
@@ -305,12 +322,78 @@ mod tests {
         let flags = Flags {
             device_split_count: Some(7),
             device_source: Some(DeviceSourceKind::Simulated),
-            log_format: Some(LogFormat::Json),
+            log: LogFlags {
+                log_format: Some(LogFormat::Json),
+                log_json: false,
+            },
             ..Flags::default()
         };
         let s: Settings = layered(Some(file), &no_env, &flags).unwrap();
         assert_eq!(s.device_split_count, 7);
         assert_eq!(s.device_source, DeviceSourceKind::Simulated);
+        assert_eq!(s.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn log_json_is_accepted_as_log_format_json() {
+        let s = layered::<Settings, _>(
+            Some(FileLayer {
+                origin: "c.yaml",
+                text: "logFormat: human\n",
+                format: FileFormat::Yaml,
+            }),
+            &no_env,
+            &flags(&["--log-json"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn a_bad_address_is_refused_in_the_file_the_environment_and_the_flags() {
+        let err = from_yaml("metricsBindAddress: nowhere\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "metricsBindAddress from config file c.yaml: \
+             `nowhere` is not an address like 0.0.0.0:443 or :443"
+        );
+        let env = |k: &str| (k == "GPUSLICE_METRICS_BIND_ADDRESS").then(|| "9396".to_owned());
+        let err = layered::<Settings, _>(None, &env, &Flags::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "metricsBindAddress from environment variable GPUSLICE_METRICS_BIND_ADDRESS: `9396`"
+            ),
+            "{err}"
+        );
+        let err = flags(&["--metrics-bind-address", "x"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`x` is not an address"), "{err}");
+        // Port only means every interface; null turns the server off.
+        let s = from_yaml("metricsBindAddress: \":9500\"\n").unwrap();
+        assert_eq!(
+            s.metrics_bind_address,
+            Some("0.0.0.0:9500".parse().unwrap())
+        );
+        let s = from_yaml("metricsBindAddress: null\n").unwrap();
+        assert_eq!(s.metrics_bind_address, None);
+    }
+
+    #[test]
+    fn a_bad_device_source_is_named_with_its_layer() {
+        let env = |k: &str| (k == "GPUSLICE_DEVICE_SOURCE").then(|| "fake".to_owned());
+        let err = layered::<Settings, _>(None, &env, &Flags::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("deviceSource from environment variable GPUSLICE_DEVICE_SOURCE: "),
+            "{err}"
+        );
+        assert!(err.contains("fake"), "{err}");
     }
 
     #[test]

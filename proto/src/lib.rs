@@ -7,8 +7,6 @@
 //! - [`accounting`]: how a pod's containers add up (app containers summed,
 //!   init containers at their peak), the one rule the scheduler and the node
 //!   both count by.
-//! - [`settings`]: layered configuration (defaults < file < env < flags) for
-//!   the binaries, merged purely from text the caller read.
 
 /// Kubelet device plugin API.
 pub mod deviceplugin {
@@ -39,4 +37,3 @@ pub mod podresources {
 
 pub mod accounting;
 pub mod hami;
-pub mod settings;

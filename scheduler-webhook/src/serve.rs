@@ -10,7 +10,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
@@ -19,10 +18,10 @@ use tracing::info;
 
 use crate::cache::model::{ClusterModel, ModelConfig};
 use crate::cache::owner::{self, ModelHandle};
-use crate::core::policy::{GpuPolicy, Policy, SchedulerConfig};
+use crate::core::policy::SchedulerConfig;
 use crate::extender::handler::ExtenderState;
 use crate::metrics::Metrics;
-use crate::settings::{Settings, parse_listen};
+use crate::settings::Settings;
 use crate::webhook::WebhookConfig;
 
 /// Why the service could not start or stopped with an error.
@@ -72,23 +71,17 @@ pub async fn client(settings: &Settings) -> Result<Client, ServeError> {
 }
 
 /// The model configuration the settings describe.
-///
-/// # Errors
-/// [`ServeError::Config`] for a policy name the core does not know.
-pub fn model_config(settings: &Settings) -> Result<ModelConfig, ServeError> {
-    let node_policy = Policy::from_str(&settings.node_scheduler_policy)
-        .map_err(|e| ServeError::Config(e.to_string()))?;
-    let gpu_policy = GpuPolicy::from_str(&settings.gpu_scheduler_policy)
-        .map_err(|e| ServeError::Config(e.to_string()))?;
-    Ok(ModelConfig {
+#[must_use]
+pub fn model_config(settings: &Settings) -> ModelConfig {
+    ModelConfig {
         scheduler: SchedulerConfig {
-            node_policy,
-            gpu_policy,
+            node_policy: settings.node_scheduler_policy,
+            gpu_policy: settings.gpu_scheduler_policy,
             ..SchedulerConfig::default()
         },
         requests: WebhookConfig::from(settings).request_config(),
         seed: 0,
-    })
+    }
 }
 
 async fn healthz() -> HttpResponse {
@@ -138,15 +131,14 @@ impl Listeners {
     /// Binds the addresses in the settings.
     ///
     /// # Errors
-    /// A [`ServeError`] for an unparsable address or a port in use.
+    /// [`ServeError::Io`] for an address that cannot be bound (a port in use).
     pub fn bind(settings: &Settings) -> Result<Self, ServeError> {
-        let bind = |key, value: &str| {
-            let addr = parse_listen(key, value).map_err(|e| ServeError::Config(e.to_string()))?;
+        let bind = |addr: SocketAddr| {
             std::net::TcpListener::bind(addr).map_err(|source| ServeError::Io { addr, source })
         };
         Ok(Self {
-            api: bind("listen", &settings.listen)?,
-            metrics: bind("metricsListen", &settings.metrics_listen)?,
+            api: bind(settings.listen)?,
+            metrics: bind(settings.metrics_listen)?,
         })
     }
 }
@@ -180,7 +172,7 @@ pub async fn run_on(
     let listen = local(&listeners.api)?;
     let metrics_listen = local(&listeners.metrics)?;
     let client = client(&settings).await?;
-    let model = owner::spawn(ClusterModel::new(model_config(&settings)?));
+    let model = owner::spawn(ClusterModel::new(model_config(&settings)));
     let watcher = tokio::spawn(crate::cache::watch::run(client.clone(), model.clone()));
     let identity = settings
         .identity

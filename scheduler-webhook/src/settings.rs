@@ -2,17 +2,38 @@
 //! command-line flags and validation.
 //!
 //! Layering (defaults < file < `GPUSLICE_…` env < flags) is
-//! [`proto::settings::layered`]; this module owns what the keys are and what
-//! makes a value valid.
+//! [`gpuslice_config::layered`]; this module owns what the keys are and what
+//! makes a value valid. Policies and addresses are read into their types
+//! once, as the layers merge: a bad name or address is refused there, named
+//! with its key and the layer that gave it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use gpuslice_config::{Named, by_name, named_parser, parse_listen};
 use proto::hami::resources::ResourceNames;
 use serde::{Deserialize, Serialize};
-use telemetry::LogFormat;
+use telemetry::{LogFlags, LogFormat};
 
 use crate::core::kinds::{GpuPolicy, Policy};
+
+// === impl Named: how a setting spells a policy (exactly its name) ===
+
+impl Named for Policy {
+    const WHAT: &'static str = "policy";
+    const ALL: &'static [Self] = &Policy::ALL;
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl Named for GpuPolicy {
+    const WHAT: &'static str = "policy";
+    const ALL: &'static [Self] = &GpuPolicy::ALL;
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
 
 /// Every setting of `scheduler-webhook serve`, after layering.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,8 +41,9 @@ use crate::core::kinds::{GpuPolicy, Policy};
 pub struct Settings {
     /// Kubeconfig file; in-cluster configuration when unset.
     pub kubeconfig: Option<PathBuf>,
-    /// Address of the webhook and extender server.
-    pub listen: String,
+    /// Address of the webhook and extender server (`:443` means all interfaces).
+    #[serde(with = "gpuslice_config::listen")]
+    pub listen: SocketAddr,
     /// PEM certificate chain for TLS (re-read when it changes).
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for TLS (re-read when it changes).
@@ -29,17 +51,20 @@ pub struct Settings {
     /// Serve plain HTTP; only allowed on a loopback address.
     pub insecure_http: bool,
     /// Address of the Prometheus `/metrics` server (`:9395` means all interfaces).
-    pub metrics_listen: String,
+    #[serde(with = "gpuslice_config::listen")]
+    pub metrics_listen: SocketAddr,
     /// The scheduler name GPU pods are routed to.
     pub scheduler_name: String,
     /// Extended resource names.
     #[serde(flatten)]
     pub resources: ResourceNames,
-    /// Default node policy: one of [`Policy::ALL`] by name (`fgd` places
-    /// for the live workload, see [`crate::cache::fragmentation`]).
-    pub node_scheduler_policy: String,
-    /// Default GPU policy: one of [`GpuPolicy::ALL`] by name.
-    pub gpu_scheduler_policy: String,
+    /// Default node policy, by its exact name (`fgd` places for the live
+    /// workload, see [`crate::cache::fragmentation`]).
+    #[serde(with = "by_name")]
+    pub node_scheduler_policy: Policy,
+    /// Default GPU policy, by its exact name.
+    #[serde(with = "by_name")]
+    pub gpu_scheduler_policy: GpuPolicy,
     /// MiB per GPU when a container asks for neither gpumem nor a percentage (0 = whole card).
     pub default_memory: u32,
     /// Cores (percent) when a container does not ask for gpucores.
@@ -64,15 +89,15 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             kubeconfig: None,
-            listen: "0.0.0.0:443".to_owned(),
+            listen: SocketAddr::from(([0, 0, 0, 0], 443)),
             tls_cert: None,
             tls_key: None,
             insecure_http: false,
-            metrics_listen: ":9395".to_owned(),
+            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9395)),
             scheduler_name: "gpuslice-scheduler".to_owned(),
             resources: ResourceNames::default(),
-            node_scheduler_policy: "binpack".to_owned(),
-            gpu_scheduler_policy: "spread".to_owned(),
+            node_scheduler_policy: Policy::Binpack,
+            gpu_scheduler_policy: GpuPolicy::Spread,
             default_memory: 0,
             default_cores: 0,
             default_gpu_num: 1,
@@ -87,30 +112,12 @@ impl Default for Settings {
 /// A setting that is well-formed but not acceptable.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InvalidSetting {
-    /// An address does not parse.
-    #[error("{key}: `{value}` is not an address like 0.0.0.0:443 or :443")]
-    Address {
-        /// The key.
-        key: &'static str,
-        /// The value given.
-        value: String,
-    },
     /// Plain HTTP on a non-loopback address.
     #[error("insecureHttp is for loopback testing only, but listen is {0}")]
     InsecureNotLoopback(SocketAddr),
     /// TLS asked for without both files.
     #[error("tlsCert and tlsKey are both required unless insecureHttp is set")]
     MissingTls,
-    /// A policy name we do not have.
-    #[error("{key}: unknown policy `{value}` (one of: {choices})")]
-    Policy {
-        /// The key.
-        key: &'static str,
-        /// The value given.
-        value: String,
-        /// Accepted values.
-        choices: String,
-    },
     /// Cores above 100 %.
     #[error("defaultCores must be 0–100, got {0}")]
     Cores(u32),
@@ -122,62 +129,18 @@ pub enum InvalidSetting {
     Empty(&'static str),
 }
 
-/// Parses `host:port` or `:port` (all interfaces).
-///
-/// # Errors
-/// [`InvalidSetting::Address`] naming `key`.
-pub fn parse_listen(key: &'static str, value: &str) -> Result<SocketAddr, InvalidSetting> {
-    let full = if value.starts_with(':') {
-        format!("0.0.0.0{value}")
-    } else {
-        value.to_owned()
-    };
-    full.parse().map_err(|_| InvalidSetting::Address {
-        key,
-        value: value.to_owned(),
-    })
-}
-
 impl Settings {
     /// Checks every value; the first problem is returned.
     ///
     /// # Errors
     /// The first [`InvalidSetting`] found.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
-        let listen = parse_listen("listen", &self.listen)?;
-        parse_listen("metricsListen", &self.metrics_listen)?;
         if self.insecure_http {
-            if !listen.ip().is_loopback() {
-                return Err(InvalidSetting::InsecureNotLoopback(listen));
+            if !self.listen.ip().is_loopback() {
+                return Err(InvalidSetting::InsecureNotLoopback(self.listen));
             }
         } else if self.tls_cert.is_none() || self.tls_key.is_none() {
             return Err(InvalidSetting::MissingTls);
-        }
-        // Exact names only (the annotations also take other spellings).
-        let policy_error = |key, value: &String, choices| InvalidSetting::Policy {
-            key,
-            value: value.clone(),
-            choices,
-        };
-        if !Policy::ALL
-            .iter()
-            .any(|p| p.as_str() == self.node_scheduler_policy)
-        {
-            return Err(policy_error(
-                "nodeSchedulerPolicy",
-                &self.node_scheduler_policy,
-                Policy::choices(),
-            ));
-        }
-        if !GpuPolicy::ALL
-            .iter()
-            .any(|p| p.as_str() == self.gpu_scheduler_policy)
-        {
-            return Err(policy_error(
-                "gpuSchedulerPolicy",
-                &self.gpu_scheduler_policy,
-                GpuPolicy::choices(),
-            ));
         }
         if self.default_cores > 100 {
             return Err(InvalidSetting::Cores(self.default_cores));
@@ -203,9 +166,9 @@ pub struct ServeFlags {
     /// Kubeconfig file [default: in-cluster configuration].
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// Address of the webhook and extender server [default: 0.0.0.0:443].
-    #[arg(long)]
-    pub listen: Option<String>,
+    /// Address of the webhook and extender server, host:port or :port [default: 0.0.0.0:443].
+    #[arg(long, value_parser = parse_listen)]
+    pub listen: Option<SocketAddr>,
     /// PEM certificate chain for TLS; re-read when it changes.
     #[arg(long)]
     pub tls_cert: Option<PathBuf>,
@@ -216,18 +179,20 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub insecure_http: bool,
-    /// Address of the /metrics server [default: :9395].
-    #[arg(long)]
-    pub metrics_listen: Option<String>,
+    /// Address of the /metrics server, host:port or :port [default: :9395].
+    #[arg(long, value_parser = parse_listen)]
+    pub metrics_listen: Option<SocketAddr>,
     /// Scheduler name GPU pods are routed to [default: gpuslice-scheduler].
     #[arg(long)]
     pub scheduler_name: Option<String>,
-    /// Default node policy: binpack, spread, fgd, bestfit, random [default: binpack].
-    #[arg(long)]
-    pub node_scheduler_policy: Option<String>,
-    /// Default GPU policy: binpack, spread [default: spread].
-    #[arg(long)]
-    pub gpu_scheduler_policy: Option<String>,
+    /// Default node policy [default: binpack].
+    #[arg(long, value_parser = named_parser::<Policy>())]
+    #[serde(with = "by_name::option")]
+    pub node_scheduler_policy: Option<Policy>,
+    /// Default GPU policy for the GPUs of the chosen node [default: spread].
+    #[arg(long, value_parser = named_parser::<GpuPolicy>())]
+    #[serde(with = "by_name::option")]
+    pub gpu_scheduler_policy: Option<GpuPolicy>,
     /// MiB per GPU when a container asks for no memory; 0 = whole card [default: 0].
     #[arg(long)]
     pub default_memory: Option<u32>,
@@ -256,13 +221,10 @@ pub struct ServeFlags {
     /// Resource name for task priority [default: nvidia.com/priority].
     #[arg(long)]
     pub resource_priority: Option<String>,
-    /// Log output: human or json [default: human].
-    #[arg(long, value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// Same as --log-format=json (the node-daemon's older flag, accepted by both).
-    #[arg(long)]
-    #[serde(skip)]
-    pub log_json: bool,
+    /// `--log-format`, `--log-json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub log: LogFlags,
     /// Namespace of kube-scheduler's Lease [default: kube-system].
     #[arg(long)]
     pub lease_namespace: Option<String>,
@@ -276,21 +238,18 @@ pub struct ServeFlags {
 pub enum ConfigError {
     /// The layers do not merge into settings.
     #[error(transparent)]
-    Layers(#[from] proto::settings::SettingsError),
+    Layers(#[from] gpuslice_config::SettingsError),
     /// A value is not acceptable.
     #[error(transparent)]
     Invalid(#[from] InvalidSetting),
 }
 
-/// Loads the layered settings (see [`proto::settings::load`]) and validates them.
+/// Loads the layered settings (see [`gpuslice_config::load`]) and validates them.
 ///
 /// # Errors
 /// A [`ConfigError`] with a one-line reason.
 pub fn load(file: Option<&std::path::Path>, flags: &ServeFlags) -> Result<Settings, ConfigError> {
-    let mut settings: Settings = proto::settings::load(file, flags)?;
-    if flags.log_json {
-        settings.log_format = LogFormat::Json;
-    }
+    let settings: Settings = gpuslice_config::load(file, flags)?;
     settings.validate()?;
     Ok(settings)
 }
@@ -302,7 +261,8 @@ fn is_false(b: &bool) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use proto::settings::{FileFormat, FileLayer, layered};
+    use clap::Parser;
+    use gpuslice_config::{FileFormat, FileLayer, layered};
 
     use super::*;
 
@@ -318,18 +278,36 @@ mod tests {
         }
     }
 
+    fn yaml(text: &str) -> FileLayer<'_> {
+        FileLayer {
+            origin: "c.yaml",
+            text,
+            format: FileFormat::Yaml,
+        }
+    }
+
+    /// `serve`'s flags as the command line gives them.
+    fn flags(args: &[&str]) -> Result<ServeFlags, clap::Error> {
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: ServeFlags,
+        }
+        Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).map(|c| c.flags)
+    }
+
     #[test]
     fn every_flag_names_an_existing_key() {
         let flags = ServeFlags {
             kubeconfig: Some("k".into()),
-            listen: Some("127.0.0.1:8443".into()),
+            listen: Some("127.0.0.1:8443".parse().unwrap()),
             tls_cert: Some("c".into()),
             tls_key: Some("k".into()),
             insecure_http: true,
-            metrics_listen: Some(":1".into()),
+            metrics_listen: Some("0.0.0.0:1".parse().unwrap()),
             scheduler_name: Some("s".into()),
-            node_scheduler_policy: Some("spread".into()),
-            gpu_scheduler_policy: Some("binpack".into()),
+            node_scheduler_policy: Some(Policy::Spread),
+            gpu_scheduler_policy: Some(GpuPolicy::Binpack),
             default_memory: Some(1),
             default_cores: Some(2),
             default_gpu_num: Some(3),
@@ -339,13 +317,15 @@ mod tests {
             resource_mem_percentage: Some("a/pct".into()),
             resource_cores: Some("a/cores".into()),
             resource_priority: Some("a/prio".into()),
-            log_format: Some(LogFormat::Json),
-            log_json: true,
+            log: LogFlags {
+                log_format: Some(LogFormat::Human),
+                log_json: true,
+            },
             lease_namespace: Some("gpuslice".into()),
             identity: Some("sched-0".into()),
         };
         let s: Settings = layered(None, &no_env, &flags).unwrap();
-        let keys = proto::settings::keys::<Settings>().unwrap();
+        let keys = gpuslice_config::keys::<Settings>().unwrap();
         let flag_json = serde_json::to_value(&flags).unwrap();
         for key in flag_json.as_object().unwrap().keys() {
             assert!(keys.contains(key), "flag {key} has no config key");
@@ -353,19 +333,38 @@ mod tests {
         assert_eq!(s.default_gpu_num, 3);
         assert_eq!(s.resources.resource_cores, "a/cores");
         assert!(s.insecure_http);
+        assert_eq!(s.listen, "127.0.0.1:8443".parse().unwrap());
+        assert_eq!(s.node_scheduler_policy, Policy::Spread);
+        assert_eq!(s.gpu_scheduler_policy, GpuPolicy::Binpack);
+        assert_eq!(s.log_format, LogFormat::Json, "--log-json wins");
     }
 
     #[test]
     fn hami_value_names_are_accepted_in_the_file() {
-        let file = FileLayer {
-            origin: "c.yaml",
-            text: "defaultGPUNum: 2\nresourceMem: x/mem\ndefaultCores: 30\n",
-            format: FileFormat::Yaml,
-        };
+        let file = yaml("defaultGPUNum: 2\nresourceMem: x/mem\ndefaultCores: 30\n");
         let s: Settings = layered(Some(file), &no_env, &ServeFlags::default()).unwrap();
         assert_eq!(s.default_gpu_num, 2);
         assert_eq!(s.resources.resource_mem, "x/mem");
         assert_eq!(s.default_cores, 30);
+    }
+
+    #[test]
+    fn printed_settings_read_back_as_the_same_settings() {
+        let s = Settings {
+            node_scheduler_policy: Policy::Fgd,
+            gpu_scheduler_policy: GpuPolicy::Binpack,
+            listen: "[::1]:8443".parse().unwrap(),
+            log_format: LogFormat::Json,
+            ..secure()
+        };
+        let printed = serde_json::to_string_pretty(&s).unwrap();
+        assert!(
+            printed.contains(r#""nodeSchedulerPolicy": "fgd""#),
+            "{printed}"
+        );
+        let back: Settings =
+            layered(Some(yaml(&printed)), &no_env, &ServeFlags::default()).unwrap();
+        assert_eq!(back, s);
     }
 
     #[test]
@@ -381,12 +380,12 @@ mod tests {
     fn insecure_http_only_on_loopback() {
         let s = Settings {
             insecure_http: true,
-            listen: "127.0.0.1:8080".into(),
+            listen: "127.0.0.1:8080".parse().unwrap(),
             ..Settings::default()
         };
         assert_eq!(s.validate(), Ok(()));
         let s = Settings {
-            listen: "0.0.0.0:8080".into(),
+            listen: "0.0.0.0:8080".parse().unwrap(),
             ..s
         };
         assert!(matches!(
@@ -398,20 +397,6 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         let cases: Vec<(Settings, &str)> = vec![
-            (
-                Settings {
-                    listen: "nowhere".into(),
-                    ..secure()
-                },
-                "listen: `nowhere`",
-            ),
-            (
-                Settings {
-                    node_scheduler_policy: "packed".into(),
-                    ..secure()
-                },
-                "nodeSchedulerPolicy: unknown policy `packed`",
-            ),
             (
                 Settings {
                     default_cores: 140,
@@ -426,6 +411,13 @@ mod tests {
                 },
                 "memoryFactor",
             ),
+            (
+                Settings {
+                    scheduler_name: String::new(),
+                    ..secure()
+                },
+                "schedulerName must not be empty",
+            ),
         ];
         for (settings, expected) in cases {
             let err = settings.validate().unwrap_err().to_string();
@@ -434,45 +426,147 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_policy_name_is_refused_in_the_file_the_environment_and_the_flags() {
+        let err = layered::<Settings, _>(
+            Some(yaml("nodeSchedulerPolicy: packed\n")),
+            &no_env,
+            &ServeFlags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "nodeSchedulerPolicy from config file c.yaml: unknown policy `packed` \
+             (one of: binpack, spread, fgd, bestfit, random)"
+        );
+
+        let env = |k: &str| (k == "GPUSLICE_GPU_SCHEDULER_POLICY").then(|| "numa".to_owned());
+        let err = layered::<Settings, _>(None, &env, &ServeFlags::default())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "gpuSchedulerPolicy from environment variable GPUSLICE_GPU_SCHEDULER_POLICY: \
+             unknown policy `numa` (one of: binpack, spread)"
+        );
+
+        let err = flags(&["--node-scheduler-policy", "packed"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid value 'packed'"), "{err}");
+        assert!(
+            err.contains("possible values: binpack, spread, fgd, bestfit, random"),
+            "{err}"
+        );
+        let err = flags(&["--gpu-scheduler-policy", "fgd"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("possible values: binpack, spread"), "{err}");
+    }
+
+    #[test]
+    fn settings_take_exact_policy_names_only() {
+        // Annotations read other spellings and comma chains; settings do not.
+        for (key, value) in [
+            ("nodeSchedulerPolicy", "BinPack"),
+            ("nodeSchedulerPolicy", "best-fit"),
+            ("gpuSchedulerPolicy", "binpack,spread"),
+        ] {
+            let text = format!("{key}: {value}\n");
+            let err = layered::<Settings, _>(Some(yaml(&text)), &no_env, &ServeFlags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("unknown policy `{value}`")), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_address_is_refused_in_the_file_the_environment_and_the_flags() {
+        let err = layered::<Settings, _>(
+            Some(yaml("listen: nowhere\n")),
+            &no_env,
+            &ServeFlags::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "listen from config file c.yaml: `nowhere` is not an address like 0.0.0.0:443 or :443"
+        );
+
+        let env = |k: &str| (k == "GPUSLICE_METRICS_LISTEN").then(|| "9395".to_owned());
+        let err = layered::<Settings, _>(None, &env, &ServeFlags::default())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "metricsListen from environment variable GPUSLICE_METRICS_LISTEN: \
+             `9395` is not an address like 0.0.0.0:443 or :443"
+        );
+
+        let err = flags(&["--listen", "localhost"]).unwrap_err().to_string();
+        assert!(
+            err.contains("`localhost` is not an address like 0.0.0.0:443 or :443"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn every_node_policy_of_the_core_is_accepted_including_fgd() {
-        for policy in crate::core::policy::Policy::ALL {
-            let s = Settings {
-                node_scheduler_policy: policy.as_str().to_owned(),
-                ..secure()
-            };
-            assert_eq!(s.validate(), Ok(()), "{policy}");
+        for policy in Policy::ALL {
+            let text = format!("nodeSchedulerPolicy: {policy}\n");
+            let s: Settings = layered(Some(yaml(&text)), &no_env, &ServeFlags::default()).unwrap();
+            assert_eq!(s.node_scheduler_policy, policy);
+            let flags = flags(&["--node-scheduler-policy", policy.as_str()]).unwrap();
+            assert_eq!(flags.node_scheduler_policy, Some(policy));
         }
         // From the file, the environment and the flag alike.
-        let file = FileLayer {
-            origin: "c.yaml",
-            text: "nodeSchedulerPolicy: fgd\n",
-            format: FileFormat::Yaml,
-        };
-        let s: Settings = layered(Some(file), &no_env, &ServeFlags::default()).unwrap();
-        assert_eq!(s.node_scheduler_policy, "fgd");
+        let s: Settings = layered(
+            Some(yaml("nodeSchedulerPolicy: fgd\n")),
+            &no_env,
+            &ServeFlags::default(),
+        )
+        .unwrap();
+        assert_eq!(s.node_scheduler_policy, Policy::Fgd);
         let env = |k: &str| (k == "GPUSLICE_NODE_SCHEDULER_POLICY").then(|| "fgd".to_owned());
         let s: Settings = layered(None, &env, &ServeFlags::default()).unwrap();
-        assert_eq!(s.node_scheduler_policy, "fgd");
-        let flags = ServeFlags {
-            node_scheduler_policy: Some("fgd".into()),
-            ..ServeFlags::default()
-        };
-        let s: Settings = layered(None, &no_env, &flags).unwrap();
-        assert_eq!(s.node_scheduler_policy, "fgd");
+        assert_eq!(s.node_scheduler_policy, Policy::Fgd);
+        let s: Settings = layered(
+            None,
+            &no_env,
+            &flags(&["--node-scheduler-policy", "fgd"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s.node_scheduler_policy, Policy::Fgd);
         assert_eq!(
-            crate::serve::model_config(&s)
-                .unwrap()
-                .scheduler
-                .node_policy,
-            crate::core::policy::Policy::Fgd
+            crate::serve::model_config(&s).scheduler.node_policy,
+            Policy::Fgd
         );
     }
 
     #[test]
     fn port_only_listen_means_all_interfaces() {
-        assert_eq!(
-            parse_listen("metricsListen", ":9395").unwrap(),
-            "0.0.0.0:9395".parse().unwrap()
-        );
+        let s: Settings = layered(
+            Some(yaml("metricsListen: \":9395\"\n")),
+            &no_env,
+            &flags(&["--listen", ":8443"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s.metrics_listen, "0.0.0.0:9395".parse().unwrap());
+        assert_eq!(s.listen, "0.0.0.0:8443".parse().unwrap());
+    }
+
+    #[test]
+    fn log_json_is_accepted_as_log_format_json() {
+        let s: Settings = layered(
+            Some(yaml("logFormat: human\n")),
+            &no_env,
+            &flags(&["--log-json"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s.log_format, LogFormat::Json);
+        let s: Settings =
+            layered(None, &no_env, &flags(&["--log-format", "json"]).unwrap()).unwrap();
+        assert_eq!(s.log_format, LogFormat::Json);
     }
 }

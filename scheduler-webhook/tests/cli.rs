@@ -102,3 +102,26 @@ fn layers_resolve_flag_over_env_over_file() {
     assert_eq!(settings["defaultMemory"], 200);
     assert_eq!(settings["memoryFactor"], 2);
 }
+
+#[test]
+fn bad_policy_or_address_exits_64_naming_key_and_layer() {
+    let out = run(
+        &["serve", "--insecure-http", "--listen", "127.0.0.1:8080"],
+        &[("GPUSLICE_NODE_SCHEDULER_POLICY", "packed")],
+    );
+    assert_eq!(out.status.code(), Some(64));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "nodeSchedulerPolicy from environment variable GPUSLICE_NODE_SCHEDULER_POLICY: \
+             unknown policy `packed`"
+        ),
+        "{err}"
+    );
+    let out = run(&["serve", "--gpu-scheduler-policy", "numa"], &[]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(stderr(&out).contains("possible values: binpack, spread"));
+    let out = run(&["serve", "--metrics-listen", "9395"], &[]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(stderr(&out).contains("`9395` is not an address"));
+}

@@ -97,8 +97,8 @@ impl Service {
         .unwrap();
         let settings = Settings {
             kubeconfig: Some(kubeconfig),
-            listen: "127.0.0.1:0".to_owned(),
-            metrics_listen: "127.0.0.1:0".to_owned(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            metrics_listen: "127.0.0.1:0".parse().unwrap(),
             tls_cert: Some(crt),
             tls_key: Some(key),
             identity: Some("hostile-test".to_owned()),

@@ -1,5 +1,6 @@
 //! The tracing setup both gpuslice binaries share: [`LogFormat`] (the
-//! `logFormat` setting, `--log-format human|json`) and [`init`], which
+//! `logFormat` setting), [`LogFlags`] (`--log-format human|json` and its
+//! alias `--log-json`, the same in both binaries) and [`init`], which
 //! installs the global subscriber (`RUST_LOG`-style filtering, default
 //! `info`, lines on stderr).
 //!
@@ -62,6 +63,43 @@ impl FromStr for LogFormat {
     }
 }
 
+/// The log flags of both binaries, flattened into their flags (clap and
+/// serde): they set the `logFormat` key at the flag layer.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LogFlags {
+    /// Log output [default: human].
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Same as --log-format=json (kept for existing charts).
+    #[arg(long, env = "GPUSLICE_LOG_JSON")]
+    pub log_json: bool,
+}
+
+impl LogFlags {
+    /// The format these flags ask for, if any: `--log-json` wins.
+    #[must_use]
+    pub fn format(&self) -> Option<LogFormat> {
+        if self.log_json {
+            Some(LogFormat::Json)
+        } else {
+            self.log_format
+        }
+    }
+}
+
+impl Serialize for LogFlags {
+    /// `{"logFormat": …}` when a flag was given, `{}` otherwise.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let format = self.format();
+        let mut map = s.serialize_map(Some(usize::from(format.is_some())))?;
+        if let Some(format) = format {
+            map.serialize_entry("logFormat", &format)?;
+        }
+        map.end()
+    }
+}
+
 /// Installs the global subscriber: `RUST_LOG` filtering (default `info`),
 /// `format` lines on stderr. A second call does nothing.
 pub fn init(format: LogFormat) {
@@ -97,6 +135,28 @@ mod tests {
         assert_eq!(
             "yaml".parse::<LogFormat>(),
             Err(UnknownLogFormat("yaml".into()))
+        );
+    }
+
+    #[test]
+    fn log_json_is_log_format_json_at_the_flag_layer() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            log: LogFlags,
+        }
+        let json = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied())).unwrap();
+            serde_json::to_string(&cli.log).unwrap()
+        };
+        assert_eq!(json(&[]), "{}");
+        assert_eq!(json(&["--log-format", "human"]), r#"{"logFormat":"human"}"#);
+        assert_eq!(json(&["--log-json"]), r#"{"logFormat":"json"}"#);
+        assert_eq!(
+            json(&["--log-format", "human", "--log-json"]),
+            r#"{"logFormat":"json"}"#
         );
     }
 

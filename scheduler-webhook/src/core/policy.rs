@@ -163,19 +163,82 @@ fn hami_key(policy: Policy, node: &Node) -> f64 {
 /// Candidate lists at least this long are scanned on two threads.
 const PARALLEL_SCAN_MIN: usize = 2048;
 
-/// The best node of a scan under binpack/spread: its key, how many nodes
-/// shared that key (for a uniform tie break), and the refused nodes in scan
-/// order.
+/// The best candidate seen so far by (key, secondary key), the higher
+/// winning ([`compare_keys`]); equal keys break by `rng` (reservoir
+/// sampling), so every tied candidate is equally likely and a seed gives
+/// one answer. The one tie-break scan of both [`schedule`] and [`Scan`].
+#[derive(Debug)]
+struct Best<T> {
+    top: Option<((f64, f64), T)>,
+    ties: TieBreak,
+}
+
+impl<T> Default for Best<T> {
+    fn default() -> Self {
+        Self {
+            top: None,
+            ties: TieBreak::default(),
+        }
+    }
+}
+
+impl<T> Best<T> {
+    /// Offers a candidate: it becomes the best when its key is higher, or
+    /// equal and the tie break picks it.
+    fn offer(&mut self, key: (f64, f64), item: T, rng: &mut SplitMix64) {
+        let replace = match &self.top {
+            Some((best, _)) => match compare_keys(key, *best) {
+                std::cmp::Ordering::Greater => {
+                    self.ties.reset();
+                    self.ties.offer(rng)
+                }
+                std::cmp::Ordering::Equal => self.ties.offer(rng),
+                std::cmp::Ordering::Less => false,
+            },
+            None => {
+                self.ties.reset();
+                self.ties.offer(rng)
+            }
+        };
+        if replace {
+            self.top = Some((key, item));
+        }
+    }
+
+    /// The best of this scan followed by `second`: the higher key, and
+    /// between equal keys a pick weighted by how many candidates each side
+    /// tied, so every tied candidate stays equally likely.
+    fn merge(mut self, second: Self, rng: &mut SplitMix64) -> Self {
+        match (&self.top, &second.top) {
+            (_, None) => {}
+            (None, Some(_)) => self = second,
+            (Some((a, _)), Some((b, _))) => match compare_keys(*b, *a) {
+                std::cmp::Ordering::Greater => self = second,
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => {
+                    let (mine, theirs) = (self.ties.count(), second.ties.count());
+                    let total = usize::try_from(mine + theirs).unwrap_or(usize::MAX);
+                    if u64::try_from(rng.below(total)).unwrap_or(u64::MAX) >= mine {
+                        self.top = second.top;
+                    }
+                    self.ties.absorb(second.ties);
+                }
+            },
+        }
+        self
+    }
+}
+
+/// The best node of a scan under binpack/spread (HAMi's node key, no
+/// secondary key) and the refused nodes in scan order.
 #[derive(Debug, Default)]
 struct Scan {
-    best: Option<(f64, NodeId)>,
-    ties: TieBreak,
+    best: Best<NodeId>,
     failed: Vec<(NodeId, FitFailure)>,
 }
 
 impl Scan {
-    /// Checks every node of `ids` ([`check_pod`]) and keeps the best key;
-    /// equal keys break by `rng` (reservoir sampling).
+    /// Checks every node of `ids` ([`check_pod`]) and keeps the best key.
     fn of(
         cluster: &Cluster,
         req: &PodRequest,
@@ -188,50 +251,19 @@ impl Scan {
             let Some(node) = cluster.node(id) else {
                 continue;
             };
-            if let Err(why) = check_pod(node, req) {
-                scan.failed.push((id, why));
-                continue;
-            }
-            let key = hami_key(policy, node);
-            let replace = match scan.best {
-                Some((b, _)) => match compare_keys((key, 0.0), (b, 0.0)) {
-                    std::cmp::Ordering::Greater => {
-                        scan.ties.reset();
-                        scan.ties.offer(rng)
-                    }
-                    std::cmp::Ordering::Equal => scan.ties.offer(rng),
-                    std::cmp::Ordering::Less => continue,
-                },
-                None => scan.ties.offer(rng),
-            };
-            if replace {
-                scan.best = Some((key, id));
+            match check_pod(node, req) {
+                Err(why) => scan.failed.push((id, why)),
+                Ok(()) => scan.best.offer((hami_key(policy, node), 0.0), id, rng),
             }
         }
         scan
     }
 
-    /// The scan of `first` followed by `second`: failures in order, the
-    /// better key, and between equal keys a pick weighted by how many nodes
-    /// each side tied, so every tied node stays equally likely.
+    /// The scan of `first` followed by `second`: failures in order, the best
+    /// by [`Best::merge`].
     fn then(mut self, second: Self, rng: &mut SplitMix64) -> Self {
         self.failed.extend(second.failed);
-        match (self.best, second.best) {
-            (_, None) => {}
-            (None, Some(_)) => (self.best, self.ties) = (second.best, second.ties),
-            (Some((a, _)), Some((b, _))) => match compare_keys((b, 0.0), (a, 0.0)) {
-                std::cmp::Ordering::Greater => (self.best, self.ties) = (second.best, second.ties),
-                std::cmp::Ordering::Less => {}
-                std::cmp::Ordering::Equal => {
-                    let (mine, theirs) = (self.ties.count(), second.ties.count());
-                    let total = usize::try_from(mine + theirs).unwrap_or(usize::MAX);
-                    if u64::try_from(rng.below(total)).unwrap_or(u64::MAX) >= mine {
-                        self.best = second.best;
-                    }
-                    self.ties.absorb(second.ties);
-                }
-            },
-        }
+        self.best = self.best.merge(second.best, rng);
         self
     }
 }
@@ -272,7 +304,7 @@ fn by_verdict(
         Scan::of(cluster, req, policy, ids, rng)
     };
     let mut failed = scan.failed;
-    let Some((score, id)) = scan.best else {
+    let Some(((score, _), id)) = scan.best.top else {
         return Err(ScheduleError::NoNodeFits { failed });
     };
     let Some(node) = cluster.node(id) else {
@@ -317,8 +349,7 @@ pub fn schedule(
         return by_verdict(cluster, req, &ids, cfg, rng, PARALLEL_SCAN_MIN);
     }
     let mut failed = Vec::new();
-    let mut best: Option<((f64, f64), NodeId, PodPicks)> = None;
-    let mut ties = TieBreak::default();
+    let mut best: Best<(NodeId, PodPicks)> = Best::default();
     let (mut order, mut scores) = (Vec::new(), Vec::new());
     for id in candidates {
         let Some(node) = cluster.node(id) else {
@@ -375,31 +406,11 @@ pub fn schedule(
         };
         match placed {
             Err(f) => failed.push((id, f)),
-            Ok((key, picks)) => {
-                let better = match &best {
-                    None => {
-                        ties.reset();
-                        ties.offer(rng);
-                        true
-                    }
-                    Some((b, _, _)) => match compare_keys(key, *b) {
-                        std::cmp::Ordering::Greater => {
-                            ties.reset();
-                            ties.offer(rng);
-                            true
-                        }
-                        std::cmp::Ordering::Equal => ties.offer(rng),
-                        std::cmp::Ordering::Less => false,
-                    },
-                };
-                if better {
-                    best = Some((key, id, picks));
-                }
-            }
+            Ok((key, picks)) => best.offer(key, (id, picks), rng),
         }
     }
-    match best {
-        Some(((score, _), node, picks)) => Ok(Decision {
+    match best.top {
+        Some(((score, _), (node, picks))) => Ok(Decision {
             node,
             picks,
             score,

@@ -85,7 +85,7 @@ pub enum ArgsError {
     #[error("bad seed {0:?}: expected N or A-B")]
     Seed(String),
     /// A policy name is unknown.
-    #[error("unknown policy {0:?}: binpack, spread, fgd, bestfit, random or all")]
+    #[error("unknown policy {0:?}: {choices} or all", choices = Policy::choices())]
     Policy(String),
     /// Demand not positive, or split count 0.
     #[error("{0}")]

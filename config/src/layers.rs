@@ -1,17 +1,12 @@
-//! Layered settings for the gpuslice binaries, as a pure function.
-//!
-//! Precedence, lowest first: built-in defaults < config file < environment
-//! (`GPUSLICE_<KEY>`) < command-line flags. Keys are camelCase and mirror
-//! HAMi's chart values where one exists (`deviceSplitCount`, …); the
-//! environment name of a key is its SCREAMING_SNAKE form with the `GPUSLICE_`
-//! prefix (`deviceSplitCount` → `GPUSLICE_DEVICE_SPLIT_COUNT`).
-//!
-//! [`layered`] is pure: the caller passes the file's text and an environment
-//! lookup, so tests never touch the process environment. [`load`] is the
-//! thin shell the binaries use: it reads the file and the real environment.
-//! An unknown key in the file is an error, not silently ignored.
+//! The layering itself, as a pure function: [`layered`] merges built-in
+//! defaults < a config file's text < environment lookups < flags into one
+//! settings type, and names the key and the layer of a value that does not
+//! fit. It reads nothing: the caller passes the file's text and an
+//! environment lookup, so tests never touch the process environment
+//! ([`crate::load`] is the thin shell that does the reading).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -84,9 +79,43 @@ pub enum SettingsError {
         /// Every key this binary knows, comma separated.
         known: String,
     },
-    /// A value has the wrong type or is out of range.
+    /// A key's value has the wrong type or is not one the key accepts.
+    #[error("{key} from {layer}: {message}")]
+    Key {
+        /// The top-level key.
+        key: String,
+        /// The layer that gave the value.
+        layer: Layer,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A value is wrong in a way no single key explains.
     #[error("{0}")]
     Value(String),
+}
+
+/// Where a value came from, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layer {
+    /// The built-in defaults.
+    Defaults,
+    /// The config file.
+    File(String),
+    /// An environment variable.
+    Env(String),
+    /// A command-line flag.
+    Flag,
+}
+
+impl fmt::Display for Layer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Defaults => f.write_str("the built-in defaults"),
+            Self::File(origin) => write!(f, "config file {origin}"),
+            Self::Env(name) => write!(f, "environment variable {name}"),
+            Self::Flag => f.write_str("the command line"),
+        }
+    }
 }
 
 /// The environment name of a camelCase key: `deviceSplitCount` →
@@ -140,6 +169,8 @@ where
     let known = keys::<T>()?;
     let defaults = config::Config::try_from(&T::default()).map_err(|_| SettingsError::Defaults)?;
     let mut builder = config::Config::builder().add_source(defaults);
+    // The layer that last set each top-level key, to name it in errors.
+    let mut set_by: BTreeMap<String, Layer> = BTreeMap::new();
 
     if let Some(file) = file {
         let format = match file.format {
@@ -170,6 +201,9 @@ where
                 known: known.join(", "),
             });
         }
+        for key in table.keys() {
+            set_by.insert(key.clone(), Layer::File(file.origin.to_owned()));
+        }
         builder = builder.add_source(parsed);
     }
 
@@ -179,6 +213,7 @@ where
             builder = builder.set_override(key.as_str(), value).map_err(|e| {
                 SettingsError::Value(format!("{name}: {}", one_line(&e.to_string())))
             })?;
+            set_by.insert(key.clone(), Layer::Env(name));
         }
     }
     let flags = match serde_json::to_value(flags) {
@@ -194,39 +229,41 @@ where
         builder = builder.set_override(key.as_str(), value).map_err(|e| {
             SettingsError::Value(format!("flag for {key}: {}", one_line(&e.to_string())))
         })?;
+        set_by.insert(key, Layer::Flag);
     }
 
     builder
         .build()
         .and_then(config::Config::try_deserialize)
-        .map_err(|e| SettingsError::Value(one_line(&e.to_string())))
+        .map_err(|e| keyed(e, &set_by))
 }
 
-/// Reads the config file (if any) and the process environment, and layers
-/// them under `flags` with [`layered`].
-///
-/// # Errors
-/// A [`SettingsError`] with a one-line reason.
-pub fn load<T, F>(file: Option<&std::path::Path>, flags: &F) -> Result<T, SettingsError>
-where
-    T: Serialize + DeserializeOwned + Default,
-    F: Serialize + ?Sized,
-{
-    let origin = file.map(|p| p.display().to_string()).unwrap_or_default();
-    let text = file
-        .map(|path| {
-            std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
-                path: origin.clone(),
-                source,
-            })
-        })
-        .transpose()?;
-    let layer = text.as_deref().map(|text| FileLayer {
-        origin: &origin,
-        text,
-        format: FileFormat::from_file_name(&origin),
-    });
-    layered(layer, &|k| std::env::var(k).ok(), flags)
+/// The error of the final merge, with the key it is about and the layer
+/// that gave that key its value.
+fn keyed(error: config::ConfigError, set_by: &BTreeMap<String, Layer>) -> SettingsError {
+    let (key, message) = match &error {
+        config::ConfigError::At {
+            error,
+            key: Some(key),
+            ..
+        } => (key, error.to_string()),
+        config::ConfigError::Type {
+            unexpected,
+            expected,
+            key: Some(key),
+            ..
+        } => (
+            key,
+            format!("invalid type: {unexpected}, expected {expected}"),
+        ),
+        _ => return SettingsError::Value(one_line(&error.to_string())),
+    };
+    let top = key.split(['.', '[']).next().unwrap_or(key);
+    SettingsError::Key {
+        key: key.clone(),
+        layer: set_by.get(top).cloned().unwrap_or(Layer::Defaults),
+        message: one_line(&message),
+    }
 }
 
 fn one_line(s: &str) -> String {
@@ -342,6 +379,39 @@ mod tests {
         let err = layered::<Sample, _>(Some(yaml("[unclosed\n")), &no_env, &NO_FLAGS).unwrap_err();
         assert!(
             err.to_string().starts_with("config file test.yaml:"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_value_is_named_with_its_key_and_the_layer_that_gave_it() {
+        let file = || Some(yaml("deviceSplitCount: lots\n"));
+        let err = layered::<Sample, _>(file(), &no_env, &NO_FLAGS)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("deviceSplitCount from config file test.yaml: "),
+            "{err}"
+        );
+        assert!(err.contains("lots"), "{err}");
+
+        let env = |k: &str| (k == "GPUSLICE_DEVICE_SPLIT_COUNT").then(|| "many".to_owned());
+        let err = layered::<Sample, _>(file(), &env, &NO_FLAGS)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "deviceSplitCount from environment variable GPUSLICE_DEVICE_SPLIT_COUNT: "
+            ),
+            "{err}"
+        );
+
+        let flags = HashMap::from([("deviceSplitCount", "x")]);
+        let err = layered::<Sample, _>(file(), &env, &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("deviceSplitCount from the command line: "),
             "{err}"
         );
     }
