@@ -32,7 +32,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use node_daemon::allocation::{identify_pod, plan_container, rebuild_holdings};
 use node_daemon::cluster::PodView;
 use node_daemon::cluster::kube::pod_view;
-use node_daemon::ledger::{Capacity, SliceLedger};
+use node_daemon::epoch::{CommitClock, Epoch};
+use node_daemon::ledger::{Capacity, LiveSnapshot, SliceLedger};
 use proptest::prelude::*;
 use proto::hami::bind::BindPhase;
 use proto::hami::keys;
@@ -61,11 +62,36 @@ struct Size {
 }
 
 const SIZES: [Size; 5] = [
-    Size { init: None, gpus: 1, mem: 3000, cores: 30 },
-    Size { init: None, gpus: 1, mem: 5000, cores: 0 },
-    Size { init: None, gpus: 2, mem: 2000, cores: 20 },
-    Size { init: Some((6000, 50)), gpus: 1, mem: 1000, cores: 10 },
-    Size { init: None, gpus: 1, mem: 1000, cores: 100 },
+    Size {
+        init: None,
+        gpus: 1,
+        mem: 3000,
+        cores: 30,
+    },
+    Size {
+        init: None,
+        gpus: 1,
+        mem: 5000,
+        cores: 0,
+    },
+    Size {
+        init: None,
+        gpus: 2,
+        mem: 2000,
+        cores: 20,
+    },
+    Size {
+        init: Some((6000, 50)),
+        gpus: 1,
+        mem: 1000,
+        cores: 10,
+    },
+    Size {
+        init: None,
+        gpus: 1,
+        mem: 1000,
+        cores: 100,
+    },
 ];
 
 #[derive(Debug, Clone)]
@@ -158,7 +184,11 @@ fn uid(pod: &Pod) -> String {
 }
 
 fn annotation<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
-    pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }
 
 fn set_annotation(pod: &mut Pod, key: &str, value: String) {
@@ -172,10 +202,12 @@ fn set_phase(pod: &mut Pod, phase: &str) {
     pod.status.get_or_insert_with(Default::default).phase = Some(phase.to_owned());
 }
 
-/// One node daemon: a ledger per GPU, and the liveness snapshot it took.
+/// One node daemon: a ledger per GPU, its commit clock, and the liveness
+/// snapshot it took.
 struct Daemon {
     gpus: BTreeMap<String, SliceLedger>,
-    snapshot: Option<BTreeSet<String>>,
+    clock: CommitClock,
+    snapshot: Option<LiveSnapshot>,
 }
 
 impl Daemon {
@@ -189,6 +221,7 @@ impl Daemon {
             gpus: (0..GPUS_PER_NODE)
                 .map(|i| (uuid(node, i), SliceLedger::new(capacity)))
                 .collect(),
+            clock: CommitClock::new(),
             snapshot: None,
         }
     }
@@ -270,7 +303,10 @@ impl World {
             }
             Op::Filter(slot) => {
                 // kube-scheduler filters only pods not yet bound.
-                if let Some(pod) = self.api[slot].as_ref().filter(|p| annotation(p, keys::VGPU_NODE).is_none()) {
+                if let Some(pod) = self.api[slot]
+                    .as_ref()
+                    .filter(|p| annotation(p, keys::VGPU_NODE).is_none())
+                {
                     let candidates: Vec<String> = NODES.iter().map(|n| (*n).to_owned()).collect();
                     if let FilterOutcome::Invalid(why) = self.model.filter(pod, &candidates) {
                         return Err(format!("a valid pod was refused as invalid: {why}"));
@@ -288,7 +324,8 @@ impl World {
                 if let Some(pod) = self.api[slot].take() {
                     self.deleted[slot].push(uid(&pod));
                     // kubelet tears the pod down: its daemon frees its slices.
-                    if let Some(node) = annotation(&pod, keys::VGPU_NODE).and_then(Self::node_index) {
+                    if let Some(node) = annotation(&pod, keys::VGPU_NODE).and_then(Self::node_index)
+                    {
                         for ledger in self.daemons[node].gpus.values_mut() {
                             ledger.release_pod(&uid(&pod));
                         }
@@ -297,13 +334,15 @@ impl World {
             }
             Op::Deliver(slot) => self.deliver(slot),
             Op::Snapshot(node) => {
+                // The clock is read before the list is requested.
+                let taken_at = self.daemons[node].clock.now();
                 let live = self
                     .views()
                     .iter()
                     .filter(|p| !p.is_terminal())
                     .map(|p| p.uid.clone())
                     .collect();
-                self.daemons[node].snapshot = Some(live);
+                self.daemons[node].snapshot = Some(LiveSnapshot { live, taken_at });
             }
             Op::ApplySnapshot(node) => {
                 if let Some(live) = self.daemons[node].snapshot.take() {
@@ -343,8 +382,13 @@ impl World {
                     return Err(format!("rebuild refused our own annotations: {errors:?}"));
                 }
                 for h in holdings {
-                    let ledger = daemon.gpus.get_mut(&h.uuid).ok_or("rebuild names an unknown GPU")?;
-                    ledger.commit(h.key, h.slice).map_err(|e| format!("rebuild over-commits: {e}"))?;
+                    let ledger = daemon
+                        .gpus
+                        .get_mut(&h.uuid)
+                        .ok_or("rebuild names an unknown GPU")?;
+                    ledger
+                        .commit(h.key, h.slice, Epoch::default())
+                        .map_err(|e| format!("rebuild over-commits: {e}"))?;
                 }
                 self.daemons[node] = daemon;
             }
@@ -381,7 +425,11 @@ impl World {
         set_annotation(pod, keys::VGPU_NODE, decision.node.clone());
         set_annotation(pod, keys::VGPU_DEVICES_TO_ALLOCATE, devices.clone());
         set_annotation(pod, keys::VGPU_DEVICES_ALLOCATED, devices);
-        set_annotation(pod, keys::BIND_PHASE, BindPhase::Allocating.as_str().to_owned());
+        set_annotation(
+            pod,
+            keys::BIND_PHASE,
+            BindPhase::Allocating.as_str().to_owned(),
+        );
         self.locks[node] = Some(slot);
         // Our own bind: the model commits without waiting for the watch.
         self.model.commit(&pod_uid).unwrap_or_default();
@@ -396,7 +444,10 @@ impl World {
         let Some(node) = annotation(pod, keys::VGPU_NODE).and_then(Self::node_index) else {
             return Ok(());
         };
-        let Ok(todo) = annotation(pod, keys::VGPU_DEVICES_TO_ALLOCATE).unwrap_or("").parse::<PodDevices>() else {
+        let Ok(todo) = annotation(pod, keys::VGPU_DEVICES_TO_ALLOCATE)
+            .unwrap_or("")
+            .parse::<PodDevices>()
+        else {
             return Ok(());
         };
         let Some((_, next)) = todo.first_pending() else {
@@ -427,7 +478,7 @@ impl World {
         let mut committed = Vec::new();
         for (gpu, key, slice) in plan.slices(&found.uid) {
             let ledger = daemon.gpus.get_mut(&gpu).ok_or("unknown GPU")?;
-            match ledger.commit(key.clone(), slice) {
+            match ledger.commit(key.clone(), slice, daemon.clock.tick()) {
                 Ok(node_daemon::ledger::Committed::New) => committed.push((gpu, key)),
                 Ok(_) => {}
                 Err(_) => {
@@ -439,7 +490,11 @@ impl World {
         let pod = self.api[slot].as_mut().ok_or("pod vanished")?;
         if failed {
             for (gpu, key) in committed {
-                daemon.gpus.get_mut(&gpu).ok_or("unknown GPU")?.release(&key);
+                daemon
+                    .gpus
+                    .get_mut(&gpu)
+                    .ok_or("unknown GPU")?
+                    .release(&key);
             }
             // Refused: bind-phase failed, and kubelet fails the pod.
             set_annotation(pod, keys::BIND_PHASE, BindPhase::Failed.as_str().to_owned());
@@ -448,9 +503,17 @@ impl World {
             return Ok(());
         }
         let last = plan.is_last();
-        set_annotation(pod, keys::VGPU_DEVICES_TO_ALLOCATE, plan.remaining.to_string());
+        set_annotation(
+            pod,
+            keys::VGPU_DEVICES_TO_ALLOCATE,
+            plan.remaining.to_string(),
+        );
         if last {
-            set_annotation(pod, keys::BIND_PHASE, BindPhase::Success.as_str().to_owned());
+            set_annotation(
+                pod,
+                keys::BIND_PHASE,
+                BindPhase::Success.as_str().to_owned(),
+            );
             set_phase(pod, "Running");
             self.locks[node] = None;
         }
@@ -471,7 +534,10 @@ impl World {
     fn check(&self) -> Result<(), String> {
         self.model.check()?;
         for gpu in self.model.gpu_snapshot() {
-            if gpu.used_memory_mib > gpu.memory_mib || gpu.used_cores > gpu.cores || gpu.used_slots > gpu.slots {
+            if gpu.used_memory_mib > gpu.memory_mib
+                || gpu.used_cores > gpu.cores
+                || gpu.used_slots > gpu.slots
+            {
                 return Err(format!("the scheduler over-reserves {}: {gpu:?}", gpu.uuid));
             }
         }
@@ -484,8 +550,14 @@ impl World {
                 {
                     continue;
                 }
-                let allocated: PodDevices = annotation(pod, keys::VGPU_DEVICES_ALLOCATED).unwrap().parse().unwrap();
-                let todo: PodDevices = annotation(pod, keys::VGPU_DEVICES_TO_ALLOCATE).unwrap().parse().unwrap();
+                let allocated: PodDevices = annotation(pod, keys::VGPU_DEVICES_ALLOCATED)
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let todo: PodDevices = annotation(pod, keys::VGPU_DEVICES_TO_ALLOCATE)
+                    .unwrap()
+                    .parse()
+                    .unwrap();
                 for (container, devices) in allocated.0.iter().enumerate() {
                     let done = todo.0.get(container).is_none_or(Vec::is_empty);
                     if done {
@@ -510,10 +582,16 @@ impl World {
                 }
             }
             if let Some(stray) = held.difference(&expected).next() {
-                return Err(format!("{} holds a slice no live pod was given: {stray:?}", NODES[node]));
+                return Err(format!(
+                    "{} holds a slice no live pod was given: {stray:?}",
+                    NODES[node]
+                ));
             }
             if let Some(lost) = expected.difference(&held).next() {
-                return Err(format!("{} freed the slice of a live pod: {lost:?}", NODES[node]));
+                return Err(format!(
+                    "{} freed the slice of a live pod: {lost:?}",
+                    NODES[node]
+                ));
             }
         }
         Ok(())
@@ -543,8 +621,11 @@ impl World {
         for gpu in self.model.gpu_snapshot() {
             let node = Self::node_index(&gpu.node).ok_or("unknown node")?;
             let usage = self.daemons[node].gpus[&gpu.uuid].usage();
-            if (gpu.used_memory_mib, u64::from(gpu.used_cores), gpu.used_slots)
-                != (usage.memory_mib, usage.cores, usage.slots)
+            if (
+                gpu.used_memory_mib,
+                u64::from(gpu.used_cores),
+                gpu.used_slots,
+            ) != (usage.memory_mib, usage.cores, usage.slots)
             {
                 return Err(format!(
                     "quiet, but the scheduler counts {} MiB/{} cores/{} slots on {} and the node {usage:?}",
@@ -570,7 +651,12 @@ fn run(ops: &[Op]) -> Result<(), String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 3000, failure_persistence: None, ..ProptestConfig::default() })]
+    // PROPTEST_CASES=100000 for a longer search.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn scheduler_and_nodes_never_over_commit_and_agree_once_quiet(ops in proptest::collection::vec(op(), 1..80)) {
@@ -593,11 +679,16 @@ fn a_stale_liveness_snapshot_is_caught_if_it_frees_a_live_slice() {
         Op::ApplySnapshot(0),
     ];
     // Which node the pod lands on depends on the policy; try both.
-    let both = [ops.to_vec(), ops.iter().map(|op| match op {
-        Op::Snapshot(_) => Op::Snapshot(1),
-        Op::ApplySnapshot(_) => Op::ApplySnapshot(1),
-        other => other.clone(),
-    }).collect::<Vec<_>>()];
+    let both = [
+        ops.to_vec(),
+        ops.iter()
+            .map(|op| match op {
+                Op::Snapshot(_) => Op::Snapshot(1),
+                Op::ApplySnapshot(_) => Op::ApplySnapshot(1),
+                other => other.clone(),
+            })
+            .collect::<Vec<_>>(),
+    ];
     let results: Vec<Result<(), String>> = both.iter().map(|ops| run(ops)).collect();
     assert!(results.iter().all(Result::is_ok), "{results:?}");
 }

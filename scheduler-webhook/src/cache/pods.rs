@@ -348,12 +348,12 @@ impl PodBook {
         self.filters
     }
 
-    /// Pods holding a reservation not yet bound whose last filter came no
-    /// later than `mark` (a [`Self::filters`] value).
-    pub fn reserved_by(&self, mark: u64) -> impl Iterator<Item = &str> {
+    /// Pods filtered here whose last filter came no later than `mark` (a
+    /// [`Self::filters`] value).
+    pub fn filtered_by(&self, mark: u64) -> impl Iterator<Item = &str> {
         self.records
             .iter()
-            .filter(move |(_, r)| matches!(r.stage, Stage::Reserved(_)) && r.filtered <= mark)
+            .filter(move |(_, r)| r.filtered != 0 && r.filtered <= mark)
             .map(|(uid, _)| uid.as_str())
     }
 

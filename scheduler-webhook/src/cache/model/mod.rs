@@ -321,29 +321,21 @@ impl ClusterModel {
         self.pod_relist_mark = self.pods.filters();
     }
 
-    /// A pod relist ended: pods known from their annotations that it did
-    /// not deliver are deleted. A reservation not yet bound whose pod was
-    /// filtered before the relist started and is not in it is released:
-    /// that pod was deleted meanwhile (kube-scheduler does not bind a
-    /// deleted pod, so nothing else would ever free it). A pod filtered
-    /// after the relist started may be newer than the list and keeps its
-    /// reservation. Pods counted in the fgd workload that the relist did
-    /// not deliver lose only their shape (a pod created after the list and
-    /// filtered meanwhile is counted again at its next filter or when its
+    /// A pod relist ended. Deleted meanwhile, so released and forgotten:
+    /// pods known from their annotations that it did not deliver, and pods
+    /// filtered before it started that it did not deliver (they existed
+    /// before its LIST; kube-scheduler never binds a deleted pod, so
+    /// nothing else would ever free what they reserved or were bound to).
+    /// A pod filtered after the relist started may be newer than the list:
+    /// it keeps what it reserved and loses only its shape in the fgd
+    /// workload, as does any other pod counted there that the relist did
+    /// not deliver (it is counted again at its next filter or when its
     /// allocation is seen).
     pub fn reconcile_pods(&mut self, seen: &HashSet<String>) {
-        let abandoned: Vec<String> = self
-            .pods
-            .reserved_by(self.pod_relist_mark)
-            .filter(|u| !seen.contains(*u))
-            .map(str::to_owned)
-            .collect();
-        for uid in abandoned {
-            self.pods.bind_failed(&mut self.cluster, &uid);
-        }
         let gone: Vec<String> = self
             .pods
             .allocated_pods()
+            .chain(self.pods.filtered_by(self.pod_relist_mark))
             .filter(|u| !seen.contains(*u))
             .map(str::to_owned)
             .collect();

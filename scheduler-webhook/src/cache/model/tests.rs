@@ -674,3 +674,28 @@ fn a_quota_relist_drops_the_quotas_it_did_not_deliver() {
     model.reconcile_quotas(&HashSet::new());
     assert_eq!(model.quota_status("ns"), None);
 }
+
+#[test]
+fn a_pod_relist_releases_what_pods_filtered_before_it_and_missing_from_it_reserved_or_were_bound_to()
+ {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 16384)).unwrap();
+    let all = names(&["n1"]);
+    for uid in ["reserved", "bound", "kept"] {
+        model.filter(&slice_pod(uid, 3000, 10), &all);
+    }
+    model.commit("bound").unwrap();
+    model.pod_relist_started();
+    // Filtered after the relist started: maybe newer than its list.
+    model.filter(&slice_pod("late", 3000, 10), &all);
+    model.reconcile_pods(&seen(&["kept"]));
+    assert!(model.decision("reserved").is_none() && model.node_of("bound").is_none());
+    assert_eq!(model.node_of("kept"), Some("n1"));
+    assert_eq!(model.node_of("late"), Some("n1"));
+    assert_eq!(
+        model.pods().counted_pods().count(),
+        1,
+        "only kept's shape counts"
+    );
+    model.check().unwrap();
+}
