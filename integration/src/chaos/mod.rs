@@ -380,6 +380,7 @@ impl Soak {
         let down = self
             .rng
             .between(Duration::from_secs(1), Duration::from_secs(6));
+        let mut target = String::new();
         let injected = match kind {
             FaultKind::Api409 | FaultKind::Api500 => {
                 // Writes only for 409; lists and watches can also get a 500.
@@ -397,6 +398,7 @@ impl Soak {
                 };
                 let (method, path) = *self.rng.pick(&targets);
                 let count = u32::try_from(1 + self.rng.below(3)).unwrap_or(1);
+                target = format!("{count} × {method} {path}");
                 cluster.fake_api().is_some_and(|api| {
                     api.inject(FaultSpec::fail(method, path, count, status));
                     true
@@ -418,6 +420,7 @@ impl Soak {
             }
             FaultKind::KillKubelet => match self.free_node(|r| matches!(r, Repair::Kubelet(_))) {
                 Some(i) => {
+                    target = format!("{} for {down:?}", cluster.nodes[i].name);
                     cluster.kill_kubelet(i).await?;
                     self.repairs.push((now + down, Repair::Kubelet(i)));
                     true
@@ -458,7 +461,7 @@ impl Soak {
             }
         };
         if injected {
-            info!(fault = %kind, "chaos: injected");
+            info!(fault = %kind, %target, "chaos: injected");
             *self.report.faults.entry(kind).or_default() += 1;
         }
         Ok(())
