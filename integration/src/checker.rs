@@ -40,6 +40,7 @@ struct Capacity {
     slots: u64,
     mem: u64,
     cores: u64,
+    healthy: bool,
 }
 
 /// A GPU holding more than it has.
@@ -140,6 +141,8 @@ fn capacities(nodes: &[Node]) -> HashMap<String, Capacity> {
                         slots: num("count"),
                         mem: num("devmem"),
                         cores: num("devcore"),
+                        // HAMi leaves `health` out when false (omitempty).
+                        healthy: d.get("health").and_then(serde_json::Value::as_bool) == Some(true),
                     },
                 );
             }
@@ -161,13 +164,87 @@ fn pod_key(pod: &Pod) -> String {
     )
 }
 
+/// One registered GPU and what live pods hold on it, as the annotations
+/// say (the same reading [`check`] uses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuUse {
+    /// Node name.
+    pub node: String,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Whether its register entry says healthy.
+    pub healthy: bool,
+    /// Registered `(slots, memory MiB, cores %)`.
+    pub capacity: (u64, u64, u64),
+    /// `(slots, memory MiB, cores %)` held by live pods.
+    pub used: (u64, u64, u64),
+}
+
+/// Every registered GPU with what live pods hold on it, by node then UUID.
+/// Pods whose `vgpu-devices-allocated` does not parse are left out (the
+/// [`check`] report names them).
+#[must_use]
+pub fn gpu_use(pods: &[Pod], nodes: &[Node]) -> Vec<GpuUse> {
+    let held = held(pods);
+    let mut out: Vec<GpuUse> = capacities(nodes)
+        .into_iter()
+        .map(|(uuid, cap)| GpuUse {
+            used: held.get(&uuid).copied().unwrap_or_default(),
+            node: cap.node,
+            uuid,
+            healthy: cap.healthy,
+            capacity: (cap.slots, cap.mem, cap.cores),
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.node, &a.uuid).cmp(&(&b.node, &b.uuid)));
+    out
+}
+
+/// `uuid -> (slots, mem, cores)` held by live pods. Per pod and GPU: init
+/// containers run one at a time (peak), app containers together (sum); a
+/// running pod's init containers are done.
+fn held(pods: &[Pod]) -> BTreeMap<String, (u64, u64, u64)> {
+    let mut held: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| is_live(p)) {
+        let Some(spec) = pod.spec.as_ref() else {
+            continue;
+        };
+        let init_count = spec.init_containers.as_ref().map_or(0, Vec::len);
+        let Some(Some(devices)) = annotation(&pod.metadata, ALLOCATED).map(parse_pod_devices)
+        else {
+            continue;
+        };
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        let mut per_gpu: BTreeMap<&str, [(u64, u64, u64); 2]> = BTreeMap::new();
+        for (i, container) in devices.iter().enumerate() {
+            let is_init = i < init_count;
+            if is_init && running {
+                continue;
+            }
+            for e in container {
+                let slot = &mut per_gpu.entry(e.uuid.as_str()).or_default()[usize::from(!is_init)];
+                if is_init {
+                    *slot = (1, slot.1.max(e.mem), slot.2.max(e.cores));
+                } else {
+                    *slot = (slot.0 + 1, slot.1 + e.mem, slot.2 + e.cores);
+                }
+            }
+        }
+        for (uuid, [init, app]) in per_gpu {
+            let h = held.entry(uuid.to_owned()).or_default();
+            h.0 += init.0.max(app.0);
+            h.1 += init.1.max(app.1);
+            h.2 += init.2.max(app.2);
+        }
+    }
+    held
+}
+
 /// Checks the cluster.
 #[must_use]
 pub fn check(pods: &[Pod], nodes: &[Node]) -> Report {
     let capacity = capacities(nodes);
     let mut report = Report::default();
-    // uuid -> (slots, mem, cores) held by live pods.
-    let mut held: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
 
     for pod in pods {
         let key = pod_key(pod);
@@ -188,38 +265,11 @@ pub fn check(pods: &[Pod], nodes: &[Node]) -> Report {
             }
             None => continue,
         };
-        if is_live(pod) {
-            // Per pod and GPU: init containers run one at a time (peak), app
-            // containers together (sum); a running pod's init containers are done.
-            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            let mut per_gpu: BTreeMap<&str, [(u64, u64, u64); 2]> = BTreeMap::new();
-            for (i, container) in devices.iter().enumerate() {
-                let is_init = i < init_count;
-                if is_init && running {
-                    continue;
-                }
-                for e in container {
-                    let slot =
-                        &mut per_gpu.entry(e.uuid.as_str()).or_default()[usize::from(!is_init)];
-                    if is_init {
-                        *slot = (1, slot.1.max(e.mem), slot.2.max(e.cores));
-                    } else {
-                        *slot = (slot.0 + 1, slot.1 + e.mem, slot.2 + e.cores);
-                    }
-                }
-            }
-            for (uuid, [init, app]) in per_gpu {
-                let h = held.entry(uuid.to_owned()).or_default();
-                h.0 += init.0.max(app.0);
-                h.1 += init.1.max(app.1);
-                h.2 += init.2.max(app.2);
-            }
-        }
         check_pod_finished(pod, &key, &mut report);
         check_env(pod, &key, &devices, init_count, &mut report);
     }
 
-    for (uuid, (slots, mem, cores)) in held {
+    for (uuid, (slots, mem, cores)) in held(pods) {
         let Some(cap) = capacity.get(&uuid) else {
             report.overcommitted.push(OverCommit {
                 node: String::new(),
@@ -421,6 +471,27 @@ mod tests {
         done[1].status =
             Some(serde_json::from_value(json!({"phase": "Failed", "reason": "Evicted"})).unwrap());
         assert!(check(&done, &[node()]).overcommitted.is_empty());
+    }
+
+    #[test]
+    fn gpu_use_sums_live_pods_and_reads_health() {
+        let mut pods = vec![
+            pod("a", "GPU-a,NVIDIA,600,30:;", env("600m", "30")),
+            pod("b", "GPU-a,NVIDIA,300,20:;", env("300m", "20")),
+        ];
+        pods[1].status =
+            Some(serde_json::from_value(json!({"phase": "Failed", "reason": "x"})).unwrap());
+        let used = gpu_use(&pods, &[node()]);
+        assert_eq!(used.len(), 1);
+        assert_eq!(
+            (used[0].healthy, used[0].capacity, used[0].used),
+            (true, (2, 1000, 100), (1, 600, 30))
+        );
+        let sick: Node =
+            serde_json::from_value(json!({"metadata": {"name": "n1", "annotations": {REGISTER:
+            r#"[{"id":"GPU-a","count":2,"devmem":1000,"devcore":100,"type":"NVIDIA-T4"}]"#}}}))
+            .unwrap();
+        assert!(!gpu_use(&pods, &[sick])[0].healthy);
     }
 
     #[test]

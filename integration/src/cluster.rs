@@ -175,28 +175,60 @@ fn start_err(component: impl Into<String>, reason: impl std::fmt::Display) -> Cl
     }
 }
 
-/// A service running on its own thread, stopped through a oneshot.
+/// A service running on its own thread, stopped through a oneshot: `stop`
+/// lets it drain, `kill` drops it where it stands.
 struct Service {
     stop: Option<oneshot::Sender<()>>,
+    kill: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<Result<(), String>>>,
 }
 
 impl Service {
+    /// Asks the service to drain and waits for its thread.
     fn stop(&mut self) -> Result<(), String> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        self.join()
+    }
+
+    /// Stops the service without a drain, as `kill -9` would: its future
+    /// is dropped at whatever await it was in (a request half done stays
+    /// half done) and its runtime with every task on it. Unlike a killed
+    /// process, destructors still run (sockets may be removed).
+    fn kill(&mut self) -> Result<(), String> {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<(), String> {
+        self.stop = None;
+        self.kill = None;
         match self.thread.take().map(JoinHandle::join) {
             Some(Ok(result)) => result,
             Some(Err(_)) => Err("service thread panicked".to_owned()),
             None => Ok(()),
         }
     }
+
+    /// Whether its thread runs (it was neither stopped nor killed).
+    fn is_running(&self) -> bool {
+        self.thread.is_some()
+    }
 }
 
 impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.stop();
+    }
+}
+
+/// Resolves when `kill` is sent; never when its sender is only dropped.
+async fn killed(kill: oneshot::Receiver<()>) {
+    if kill.await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -357,18 +389,29 @@ fn start_scheduler_webhook(
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?;
     let (api_addr, metrics_addr) = (api.local_addr()?, metrics.local_addr()?);
     let (stop, stopped) = oneshot::channel::<()>();
+    let (kill, kill_rx) = oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("scheduler-webhook".to_owned())
         .spawn(move || {
-            actix_web::rt::System::new()
-                .block_on(run_on(settings, Listeners { api, metrics }, async {
+            actix_web::rt::System::new().block_on(async move {
+                let serve = run_on(settings, Listeners { api, metrics }, async {
                     let _ = stopped.await;
-                }))
-                .map_err(|e| e.to_string())
+                });
+                tokio::select! {
+                    served = serve => served.map_err(|e| e.to_string()),
+                    () = killed(kill_rx) => {
+                        // Also stops the HTTP workers' arbiters (their own
+                        // threads), dropping the requests they serve.
+                        actix_web::rt::System::current().stop();
+                        Ok(())
+                    }
+                }
+            })
         })?;
     Ok((
         Service {
             stop: Some(stop),
+            kill: Some(kill),
             thread: Some(thread),
         },
         api_addr,
@@ -406,6 +449,7 @@ fn start_node_daemon(
     let devices = SimulatedDevices::from_settings(&settings, name);
     let health = devices.health_switch();
     let (stop, stopped) = oneshot::channel::<()>();
+    let (kill, kill_rx) = oneshot::channel::<()>();
     let (started_tx, started_rx) = std_mpsc::channel::<Result<(), String>>();
     let thread = std::thread::Builder::new()
         .name(format!("node-daemon-{name}"))
@@ -423,8 +467,8 @@ fn start_node_daemon(
             };
             let system = actix::System::with_tokio_rt(move || runtime);
             let _ = started_tx.send(Ok(()));
-            system
-                .block_on(async move {
+            system.block_on(async move {
+                let serve = async {
                     let client = kube_client(&settings).await?;
                     let daemon = Daemon {
                         settings,
@@ -437,8 +481,12 @@ fn start_node_daemon(
                         let _ = stopped.await;
                     })
                     .await
-                })
-                .map_err(|e| e.to_string())
+                };
+                tokio::select! {
+                    served = serve => served.map_err(|e| e.to_string()),
+                    () = killed(kill_rx) => Ok(()),
+                }
+            })
         })?;
     started_rx
         .recv()
@@ -447,6 +495,7 @@ fn start_node_daemon(
     Ok((
         Service {
             stop: Some(stop),
+            kill: Some(kill),
             thread: Some(thread),
         },
         health,
@@ -1076,13 +1125,38 @@ impl Cluster {
     /// # Errors
     /// It could not stop cleanly or start again.
     pub fn restart_scheduler_webhook(&mut self) -> Result<(), ClusterError> {
+        self.scheduler
+            .stop()
+            .map_err(|e| start_err("scheduler-webhook", e))?;
+        self.revive_scheduler_webhook()
+    }
+
+    /// Kills the scheduler-webhook without a drain (see [`Cluster::kill_node_daemon`]
+    /// for what "kill" means in process): in-flight admissions, filters and
+    /// binds are cut where they stand. [`Cluster::revive_scheduler_webhook`]
+    /// starts it again.
+    ///
+    /// # Errors
+    /// Its thread ended with an error before the kill.
+    pub fn kill_scheduler_webhook(&mut self) -> Result<(), ClusterError> {
+        self.scheduler
+            .kill()
+            .map_err(|e| start_err("scheduler-webhook", e))
+    }
+
+    /// Starts the scheduler-webhook again on its port if it was stopped or
+    /// killed (a no-op if it runs).
+    ///
+    /// # Errors
+    /// It could not start.
+    pub fn revive_scheduler_webhook(&mut self) -> Result<(), ClusterError> {
+        if self.scheduler.is_running() {
+            return Ok(());
+        }
         let addr: SocketAddr = self
             .webhook_url
             .trim_start_matches("https://")
             .parse()
-            .map_err(|e| start_err("scheduler-webhook", e))?;
-        self.scheduler
-            .stop()
             .map_err(|e| start_err("scheduler-webhook", e))?;
         let kubeconfig = self.webhook_kubeconfig.clone();
         let (service, _, metrics) = start_scheduler_webhook(
@@ -1103,15 +1177,43 @@ impl Cluster {
     /// # Errors
     /// It could not stop cleanly or start again.
     pub fn restart_node_daemon(&mut self, i: usize) -> Result<(), ClusterError> {
-        let spec = self.spec.clone();
-        let kubeconfig = self.node_daemon_kubeconfig.clone();
-        let node = self
-            .nodes
-            .get_mut(i)
-            .ok_or_else(|| start_err("node-daemon", format!("no node {i}")))?;
+        let node = self.node(i)?;
         node.daemon
             .stop()
             .map_err(|e| start_err(format!("node-daemon {}", node.name), e))?;
+        self.revive_node_daemon(i)
+    }
+
+    /// Kills node `i`'s daemon without a drain, the in-process stand-in for
+    /// `kill -9`: the daemon's future is dropped at whatever await it was in
+    /// (an Allocate half done stays half done: annotations written or not,
+    /// the reply never sent), then its runtime with every task on it. What
+    /// differs from a killed process: destructors run, so files a guard
+    /// removes on drop are removed. [`Cluster::revive_node_daemon`] starts
+    /// it again.
+    ///
+    /// # Errors
+    /// There is no node `i`, or its thread had ended with an error.
+    pub fn kill_node_daemon(&mut self, i: usize) -> Result<(), ClusterError> {
+        let node = self.node(i)?;
+        node.daemon
+            .kill()
+            .map_err(|e| start_err(format!("node-daemon {}", node.name), e))
+    }
+
+    /// Starts node `i`'s daemon again if it was stopped or killed (a no-op
+    /// if it runs). Its simulated GPUs start healthy, as a restarted
+    /// daemon's NVML would report GPUs that recovered.
+    ///
+    /// # Errors
+    /// There is no node `i`, or it could not start.
+    pub fn revive_node_daemon(&mut self, i: usize) -> Result<(), ClusterError> {
+        let spec = self.spec.clone();
+        let kubeconfig = self.node_daemon_kubeconfig.clone();
+        let node = self.node(i)?;
+        if node.daemon.is_running() {
+            return Ok(());
+        }
         (node.daemon, node.health) = start_node_daemon(
             &spec,
             &kubeconfig,
@@ -1120,6 +1222,46 @@ impl Cluster {
             None,
         )?;
         Ok(())
+    }
+
+    /// Kills node `i`'s fake kubelet, both halves, without a drain: its pod
+    /// sync stops (bound pods are neither admitted nor given a status), its
+    /// registration server and plugin connections drop, and its device
+    /// table is gone from memory; the checkpoint file stays, and so does
+    /// `kubelet.sock` on disk (nobody listens). [`Cluster::revive_kubelet`]
+    /// starts a new one from the checkpoint, as a restarted kubelet does.
+    ///
+    /// # Errors
+    /// There is no node `i`.
+    pub async fn kill_kubelet(&mut self, i: usize) -> Result<(), ClusterError> {
+        self.pause_node_agent(i).await?;
+        self.node(i)?.kubelet.kill().await;
+        Ok(())
+    }
+
+    /// Starts node `i`'s kubelet again after [`Cluster::kill_kubelet`]: a
+    /// new fake kubelet reads the checkpoint, wipes the sockets (node-daemon
+    /// takes that as the signal to register again) and serves
+    /// `kubelet.sock`; its pod sync lists the node's pods and admits those
+    /// not admitted yet. A no-op for a kubelet that runs.
+    ///
+    /// # Errors
+    /// There is no node `i`, or the kubelet could not start.
+    pub async fn revive_kubelet(&mut self, i: usize) -> Result<(), ClusterError> {
+        let node = self.node(i)?;
+        if node.kubelet.is_killed() {
+            let config = node.kubelet.config().clone();
+            node.kubelet = FakeKubelet::start(config)
+                .await
+                .map_err(|e| start_err(format!("fake-kubelet {}", node.name), e))?;
+        }
+        self.resume_node_agent(i).await
+    }
+
+    fn node(&mut self, i: usize) -> Result<&mut NodeHandle, ClusterError> {
+        self.nodes
+            .get_mut(i)
+            .ok_or_else(|| start_err("node", format!("no node {i}")))
     }
 
     /// Stops node `i`'s kubelet from seeing its pods: pods bound to the node

@@ -11,6 +11,10 @@
 //!   p50/p99 and decisions/s over HTTPS (one decision at a time, and with
 //!   binds overlapped as kube-scheduler runs them), next to the cost of only parsing
 //!   the same filter bodies, and the service's resident memory.
+//! - `chaos`: the chaos soak ([`integration::chaos`]): slice pods submitted
+//!   and deleted for `--chaos-minutes` on `--chaos-nodes` nodes while seeded
+//!   faults land; prints its report and fails when a must-be-0 figure
+//!   (over-commits, mismatched containers, stuck or lost pods) is not 0.
 //!
 //! Figures, not assertions: run with `--release`.
 
@@ -41,7 +45,7 @@ struct Args {
     /// Run every benchmark at full size (throughput on 100 nodes, extender at 1,500 and 5,000 nodes).
     #[arg(long)]
     all: bool,
-    /// Benchmarks to run: burst, throughput, steady, extender.
+    /// Benchmarks to run: burst, throughput, steady, extender, chaos.
     #[arg(long, value_delimiter = ',', default_value = "burst,steady")]
     only: Vec<String>,
     /// Nodes for `throughput`.
@@ -59,11 +63,21 @@ struct Args {
     /// Repetitions of `burst` (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Control plane of `burst` and `throughput`: `fake` (in-process stand-ins) or `real`
+    /// Control plane of `burst`, `throughput` and `chaos`: `fake` (in-process stand-ins) or `real`
     /// (kube-apiserver, etcd, kube-controller-manager, kube-scheduler built by
-    /// integration/k8s/build.sh). `steady` and `extender` need the fake apiserver's request log.
+    /// integration/k8s/build.sh). `steady` and `extender` need the fake apiserver's request log;
+    /// `chaos` on `real` leaves out the API faults and cut watches (only the fake injects them).
     #[arg(long, default_value = "fake")]
     control_plane: ControlPlaneKind,
+    /// Minutes of pod churn and faults for `chaos` (then it waits, up to about 75 s, for the cluster to settle).
+    #[arg(long, default_value_t = 2.0)]
+    chaos_minutes: f64,
+    /// Nodes for `chaos` (4 GPUs each).
+    #[arg(long, default_value_t = 4)]
+    chaos_nodes: usize,
+    /// Seed of `chaos`'s schedule (pod sizes, deletions, which fault where and for how long).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 type Row = (String, String, String);
@@ -71,6 +85,12 @@ type Row = (String, String, String);
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     if args.all {
         args.only = ["burst", "throughput", "steady", "extender"]
             .map(String::from)
@@ -79,6 +99,8 @@ async fn main() -> anyhow::Result<()> {
         args.extender_nodes = vec![1500, 5000];
     }
     let mut rows: Vec<Row> = Vec::new();
+    let mut sections: Vec<String> = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
     for which in args.only.clone() {
         eprintln!("running {which} …");
         match which.as_str() {
@@ -92,17 +114,47 @@ async fn main() -> anyhow::Result<()> {
                     rows.extend(extender(n, args.decisions).await?);
                 }
             }
+            "chaos" => {
+                let report = chaos(&args).await?;
+                failed.extend(report.failures().into_iter().map(|f| format!("chaos: {f}")));
+                sections.push(report.to_markdown());
+            }
             other => {
-                anyhow::bail!("unknown benchmark {other:?} (burst, throughput, steady, extender)")
+                anyhow::bail!(
+                    "unknown benchmark {other:?} (burst, throughput, steady, extender, chaos)"
+                )
             }
         }
     }
-    println!("| benchmark | figure | value |\n|---|---|---|");
-    for (bench, figure, value) in rows {
-        println!("| {bench} | {figure} | {value} |");
+    if !rows.is_empty() {
+        println!("| benchmark | figure | value |\n|---|---|---|");
+        for (bench, figure, value) in rows {
+            println!("| {bench} | {figure} | {value} |");
+        }
+    }
+    for section in sections {
+        println!("\n{section}");
     }
     println!("\nmachine: {} cores, {}", cores(), os());
+    if !failed.is_empty() {
+        anyhow::bail!("must-be-0 figures are not 0: {}", failed.join(", "));
+    }
     Ok(())
+}
+
+/// The chaos soak on the fake (or real) control plane.
+async fn chaos(args: &Args) -> anyhow::Result<integration::chaos::Report> {
+    if !(args.chaos_minutes.is_finite() && args.chaos_minutes > 0.0) {
+        anyhow::bail!("--chaos-minutes must be a positive number");
+    }
+    let config = integration::chaos::Config {
+        duration: Duration::from_secs_f64(args.chaos_minutes * 60.0),
+        nodes: args.chaos_nodes.max(1),
+        seed: args.seed,
+        control_plane: args.control_plane,
+        ..integration::chaos::Config::default()
+    };
+    Ok(integration::chaos::run(config).await?)
 }
 
 fn cores() -> usize {

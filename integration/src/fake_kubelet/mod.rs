@@ -244,6 +244,27 @@ impl FakeKubelet {
         Ok(())
     }
 
+    /// Dies as a killed kubelet process would: the registration and
+    /// pod-resources servers, the admission worker and the device table
+    /// (with every plugin connection) stop where they stand. Files stay:
+    /// the checkpoint as last written, and `kubelet.sock` with nobody
+    /// listening. Start a new [`FakeKubelet`] on the same folder to
+    /// restart it; this one only answers [`Error::Stopped`] from now on.
+    pub async fn kill(&mut self) {
+        // Dropping the handles aborts their servers without a graceful stop.
+        drop(self.server.take());
+        drop(self.pod_resources.take());
+        for task in self.tasks.drain(..) {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Whether [`FakeKubelet::kill`] killed it.
+    pub fn is_killed(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
     /// Stops serving and admitting.
     pub async fn shutdown(mut self) {
         if let Some(server) = self.server.take() {
