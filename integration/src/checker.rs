@@ -151,9 +151,11 @@ fn capacities(nodes: &[Node]) -> HashMap<String, Capacity> {
     out
 }
 
+/// A pod holds its slices until it finishes or leaves the API server; a
+/// terminating pod's containers still run.
 fn is_live(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    !matches!(phase, Some("Succeeded" | "Failed")) && pod.metadata.deletion_timestamp.is_none()
+    !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 fn pod_key(pod: &Pod) -> String {

@@ -315,7 +315,12 @@ impl World {
             }
             Op::Bind(slot) => self.bind(slot),
             Op::BindFails(slot) => {
-                if let Some(pod) = &self.api[slot] {
+                // kube-scheduler's bind failed before anything was written
+                // (a bind that wrote and then failed rolls its writes back).
+                if let Some(pod) = self.api[slot]
+                    .as_ref()
+                    .filter(|p| annotation(p, keys::VGPU_NODE).is_none())
+                {
                     self.model.release(&uid(pod));
                 }
             }

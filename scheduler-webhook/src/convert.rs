@@ -56,11 +56,17 @@ pub fn allocation_of(pod: &Pod) -> Option<Allocation> {
     })
 }
 
-/// Whether a pod has finished or is being deleted: what it held is free.
+/// Whether a pod has finished (`Succeeded` or `Failed`): what it held is
+/// free. A pod being deleted is not finished: its containers run until
+/// kubelet stops them (its grace period, or for ever on a node that is
+/// down), so its slices stay taken until it leaves the API server, as
+/// kube-scheduler counts a terminating pod's CPU and memory and as the
+/// node daemon's ledger holds them. (Freeing them at the deletion
+/// timestamp let the scheduler place a pod the node then refused.)
 #[must_use]
 pub fn is_finished(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    matches!(phase, Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some()
+    matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// The parts of a pod the core reads.

@@ -167,6 +167,16 @@ fn allocations_from_annotations_count_and_finished_pods_release_them() {
         model.filter(&slice_pod("b", 200, 10), &names(&["n1"])),
         FilterOutcome::NoFit { .. }
     ));
+    // Being deleted: its containers still run until kubelet stops them,
+    // so its slice stays taken.
+    held.metadata.deletion_timestamp =
+        Some(serde_json::from_value(json!("2025-10-20T03:07:02Z")).unwrap());
+    model.apply_pod(&held);
+    assert_eq!(model.node_of("held"), Some("n1"));
+    assert!(matches!(
+        model.filter(&slice_pod("b", 200, 10), &names(&["n1"])),
+        FilterOutcome::NoFit { .. }
+    ));
     held.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
     model.apply_pod(&held);
     assert_eq!(model.node_of("held"), None);
