@@ -6,6 +6,7 @@
 //!   resourcequotas)                                    ◀── /webhook (quota room)
 //!  /healthz: process up     /readyz: nodes, pods and quotas listed once
 //!  /metrics (own port): HAMi's GPU, slice and quota gauges, our latency histograms
+//!  /ui (the metrics port): the live dashboard (crate::ui)
 //! ```
 
 use std::future::Future;
@@ -198,12 +199,14 @@ pub async fn run_on(
     let metrics_model = web::Data::new(model.clone());
     let metrics_registry = web::Data::new(registry);
     let metrics_names = web::Data::new(settings.resources.clone());
+    let dashboard = crate::ui::UiState::start(model.clone());
     let metrics_server = HttpServer::new(move || {
         App::new()
             .app_data(metrics_model.clone())
             .app_data(metrics_registry.clone())
             .app_data(metrics_names.clone())
             .route("/metrics", web::get().to(metrics))
+            .configure(|c| crate::ui::configure(c, dashboard.clone()))
     })
     .workers(1)
     .disable_signals()
@@ -214,7 +217,7 @@ pub async fn run_on(
     })?
     .run();
     let metrics_handle = metrics_server.handle();
-    info!(addr = %metrics_listen, "serving /metrics");
+    info!(addr = %metrics_listen, "serving /metrics and the dashboard at /ui/");
     let metrics_task = tokio::spawn(metrics_server);
     let ready = web::Data::new(model);
     let server = HttpServer::new(move || {

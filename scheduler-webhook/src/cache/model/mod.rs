@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, Pod, ResourceQuota};
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::register;
 
+pub use self::overview::{FragmentationSnapshot, PendingPod};
 use super::pods::PodBook;
 pub use super::pods::{Decided, SliceSnapshot};
 use crate::convert::{
@@ -559,5 +560,6 @@ fn shape_of(pod: &Pod, requests: &RequestConfig) -> Option<Shape> {
     request.wants_gpu().then(|| Shape::of_request(&request))
 }
 
+mod overview;
 #[cfg(test)]
 mod tests;
