@@ -154,7 +154,12 @@ impl Refusal {
                 .split(", ")
                 .map(|part| match part.split_once(' ') {
                     // "2/8 CardInsufficientMemory": the card count goes.
-                    Some((n, reason)) if n.contains('/') && n.bytes().all(|b| b == b'/' || b.is_ascii_digit()) => reason,
+                    Some((n, reason))
+                        if n.contains('/')
+                            && n.bytes().all(|b| b == b'/' || b.is_ascii_digit()) =>
+                    {
+                        reason
+                    }
                     _ => part,
                 })
                 .collect();

@@ -416,17 +416,28 @@ mod tests {
 
     /// 1,000 nodes × 8 GPUs, three slices on every GPU, a pending pod and
     /// a trend of the largest size the sampler keeps.
-    fn big() -> (Vec<GpuSnapshot>, Vec<SliceSnapshot>, Vec<PendingPod>, Latest) {
+    fn big() -> (
+        Vec<GpuSnapshot>,
+        Vec<SliceSnapshot>,
+        Vec<PendingPod>,
+        Latest,
+    ) {
         let gpus: Vec<GpuSnapshot> = (0..1000)
             .flat_map(|n| (0..8).map(move |i| gpu(n, i, 12000)))
             .collect();
         let slices: Vec<SliceSnapshot> = (0..1000)
             .flat_map(|n| {
-                (0..8).flat_map(move |i| (0..3).map(move |k| slice(n, i, &format!("p-{n}-{i}-{k}"))))
+                (0..8)
+                    .flat_map(move |i| (0..3).map(move |k| slice(n, i, &format!("p-{n}-{i}-{k}"))))
             })
             .collect();
         let failed = (0..1000)
-            .map(|n| (format!("gpu-node-{n:04}"), "8/8 CardInsufficientMemory".to_owned()))
+            .map(|n| {
+                (
+                    format!("gpu-node-{n:04}"),
+                    "8/8 CardInsufficientMemory".to_owned(),
+                )
+            })
             .collect();
         let pending = vec![PendingPod {
             namespace: "team-a".into(),
@@ -440,7 +451,9 @@ mod tests {
                 Arc::new(FragmentationSnapshot {
                     milli: 1234.0,
                     idle_milli: 5600_000,
-                    nodes: (0..1000).map(|n| (format!("gpu-node-{n:04}"), 1.5)).collect(),
+                    nodes: (0..1000)
+                        .map(|n| (format!("gpu-node-{n:04}"), 1.5))
+                        .collect(),
                 }),
             )),
             trend: (0..super::super::trend::CAPACITY)
@@ -468,7 +481,11 @@ mod tests {
         let value: serde_json::Value = serde_json::from_str(&json).unwrap();
         let nodes = value["nodes"].as_array().unwrap();
         assert_eq!(nodes.len(), 1000);
-        assert!(nodes.iter().all(|n| n["gpus"].as_array().unwrap().len() == 8));
+        assert!(
+            nodes
+                .iter()
+                .all(|n| n["gpus"].as_array().unwrap().len() == 8)
+        );
         assert_eq!(nodes[0]["name"], "gpu-node-0000");
         let field = |name: &str| GPU_FIELDS.iter().position(|f| *f == name).unwrap();
         assert_eq!(value["gpu_fields"].as_array().unwrap().len(), 9);
@@ -500,7 +517,10 @@ mod tests {
         assert!(view.pods.iter().all(|p| p.name.starts_with("p-7-")));
         assert_eq!(view.pods[0].slices.len(), 1);
         let json = serde_json::to_value(&view).unwrap();
-        assert_eq!(json["name"], "gpu-node-0007", "the node's fields are flattened");
+        assert_eq!(
+            json["name"], "gpu-node-0007",
+            "the node's fields are flattened"
+        );
         assert!(node_view("no-such-node", &gpus, &slices, &latest).is_none());
     }
 }

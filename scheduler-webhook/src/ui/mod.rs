@@ -145,7 +145,10 @@ mod tests {
         let page = test::call_and_read_body(&app, get("/ui/")).await;
         let page = std::str::from_utf8(&page).unwrap();
         assert!(page.contains("app.js") && page.contains("style.css"));
-        assert!(!page.contains("http://") && !page.contains("https://"), "no CDN");
+        assert!(
+            !page.contains("http://") && !page.contains("https://"),
+            "no CDN"
+        );
         for asset in ["/ui/app.js", "/ui/style.css"] {
             let response = test::call_service(&app, get(asset)).await;
             assert!(response.status().is_success(), "{asset}");

@@ -61,7 +61,7 @@ function buildMap(view) {
   map.replaceChildren();
   state.cells.clear();
   const total = view.totals.gpus;
-  const cell = total <= 256 ? 22 : total <= 2048 ? 12 : 7;
+  const cell = total <= 64 ? 36 : total <= 256 ? 22 : total <= 2048 ? 12 : 7;
   document.documentElement.style.setProperty("--cell", cell + "px");
   document.body.classList.toggle("compact", total > 256);
   for (const node of view.nodes) {
