@@ -94,12 +94,15 @@ async fn metrics(
     metrics: web::Data<Arc<Metrics>>,
     names: web::Data<proto::hami::resources::ResourceNames>,
 ) -> HttpResponse {
-    let snapshot = match model.snapshot().await {
-        Ok(s) => model.quotas().await.map(|q| (s, q)),
-        Err(gone) => Err(gone),
+    let snapshot = async {
+        let s = model.snapshot().await?;
+        let q = model.quotas().await?;
+        let pending = model.pending().await?.len();
+        Ok::<_, crate::cache::owner::ModelGone>(((s, q), pending))
     };
-    match snapshot {
-        Ok(((gpus, slices), quotas)) => {
+    match snapshot.await {
+        Ok((((gpus, slices), quotas), pending)) => {
+            metrics.set_pending(pending);
             metrics.refresh(&gpus, &slices);
             metrics.refresh_quotas(&quotas, &names);
             HttpResponse::Ok()
