@@ -78,7 +78,7 @@ async fn the_dashboard_shows_every_gpu_and_the_pods_a_click_selects_in_chromium(
         "GPU cells and count",
         "return [document.querySelectorAll('#heatmap .gpu').length, \
                  document.getElementById('gpu-count').textContent];",
-        |v| v[0] == gpus && v[1] == gpus.to_string(),
+        |v| v[0] == gpus && v[1] == json!(gpus.to_string()),
     )
     .await;
     assert_eq!(shown, json!([gpus, gpus.to_string()]));

@@ -20,11 +20,12 @@ fn dashboards() -> Vec<(PathBuf, Value)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../helm/gpuslice/dashboards");
     let mut out: Vec<(PathBuf, Value)> = std::fs::read_dir(&dir)
         .expect("the chart's dashboards folder")
-        .map(|e| e.unwrap().path())
+        .map(|e| e.expect("a dashboards folder entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .map(|p| {
-            let json = serde_json::from_str(&std::fs::read_to_string(&p).unwrap())
-                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let json =
+                serde_json::from_str(&std::fs::read_to_string(&p).expect("a dashboard file"))
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             (p, json)
         })
         .collect();

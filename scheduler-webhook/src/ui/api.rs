@@ -450,7 +450,7 @@ mod tests {
                 5.0,
                 Arc::new(FragmentationSnapshot {
                     milli: 1234.0,
-                    idle_milli: 5600_000,
+                    idle_milli: 5_600_000,
                     nodes: (0..1000)
                         .map(|n| (format!("gpu-node-{n:04}"), 1.5))
                         .collect(),
