@@ -2,18 +2,17 @@
 //! and slice snapshots: the pods whose last filter found no node, with
 //! why, and the cluster's fragmentation.
 //!
-//! Owns nothing: each refusal lives in its pod's record ([`PodBook`]), and
+//! Pure functions over the model's parts; `ClusterModel::{pending,
+//! fragmentation, refused}` call them. Owns nothing: each refusal lives in its pod's record ([`PodBook`]), and
 //! the fragmentation is computed afresh from the workload and the ledger,
 //! never through the lazily built index the `fgd` policy keeps, so reading
 //! it changes nothing (binpack and spread still pay nothing for `fgd`).
 //!
 //! [`PodBook`]: crate::cache::pods::PodBook
 
-use std::collections::BTreeMap;
-
-use super::ClusterModel;
-use crate::cache::pods::Refusal;
+use crate::cache::pods::{PodBook, Refusal};
 use crate::core::fgd::{FgdIndex, node_idle_milli};
+use crate::core::model::Cluster;
 
 /// A pod that holds nothing and whose last filter found no node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,63 +53,49 @@ impl FragmentationSnapshot {
     }
 }
 
-impl ClusterModel {
-    /// Remembers why a pod's filter found no node (see
-    /// [`crate::cache::pods::PodBook::refuse`]).
-    pub fn refused(&mut self, uid: &str, failed: &BTreeMap<String, String>) {
-        self.pods.refuse(uid, failed);
-    }
+/// Pods that hold nothing and whose last filter found no node, the most
+/// recently refused first.
+#[must_use]
+pub fn pending(pods: &PodBook) -> Vec<PendingPod> {
+    let mut out: Vec<PendingPod> = pods
+        .refused()
+        .map(|(uid, record, refusal)| PendingPod {
+            namespace: record.namespace.clone(),
+            name: record.name.clone(),
+            uid: uid.to_owned(),
+            refusal: refusal.clone(),
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.refusal
+            .at_filter
+            .cmp(&a.refusal.at_filter)
+            .then_with(|| a.uid.cmp(&b.uid))
+    });
+    out
+}
 
-    /// Pods that hold nothing and whose last filter found no node, the most
-    /// recently refused first.
-    #[must_use]
-    pub fn pending(&self) -> Vec<PendingPod> {
-        let mut out: Vec<PendingPod> = self
-            .pods
-            .refused()
-            .map(|(uid, record, refusal)| PendingPod {
-                namespace: record.namespace.clone(),
-                name: record.name.clone(),
-                uid: uid.to_owned(),
-                refusal: refusal.clone(),
-            })
-            .collect();
-        out.sort_by(|a, b| {
-            b.refusal
-                .at_filter
-                .cmp(&a.refusal.at_filter)
-                .then_with(|| a.uid.cmp(&b.uid))
-        });
-        out
+/// The cluster's fragmentation for the workload `fgd` places for,
+/// computed afresh (O(nodes × typical shapes)).
+#[must_use]
+pub fn fragmentation(cluster: &Cluster, pods: &PodBook) -> FragmentationSnapshot {
+    let nodes = cluster.nodes();
+    let idle_milli = nodes.iter().map(node_idle_milli).sum();
+    let with_gpus = || nodes.iter().enumerate().filter(|(_, n)| !n.gpus.is_empty());
+    if pods.workload().is_empty() {
+        return FragmentationSnapshot {
+            milli: 0.0,
+            idle_milli,
+            nodes: with_gpus().map(|(_, n)| (n.name.clone(), 0.0)).collect(),
+        };
     }
-
-    /// The cluster's fragmentation for the workload `fgd` places for,
-    /// computed afresh (O(nodes × typical shapes)).
-    #[must_use]
-    pub fn fragmentation(&self) -> FragmentationSnapshot {
-        let nodes = self.cluster.nodes();
-        if self.pods.workload().is_empty() {
-            return FragmentationSnapshot {
-                milli: 0.0,
-                idle_milli: nodes.iter().map(node_idle_milli).sum(),
-                nodes: nodes
-                    .iter()
-                    .filter(|n| !n.gpus.is_empty())
-                    .map(|n| (n.name.clone(), 0.0))
-                    .collect(),
-            };
-        }
-        let index = FgdIndex::new(self.pods.workload(), &self.cluster);
-        FragmentationSnapshot {
-            milli: index.cluster_fragmentation(),
-            idle_milli: nodes.iter().map(node_idle_milli).sum(),
-            nodes: nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| !n.gpus.is_empty())
-                .map(|(id, n)| (n.name.clone(), index.node_fragmentation(id)))
-                .collect(),
-        }
+    let index = FgdIndex::new(pods.workload(), cluster);
+    FragmentationSnapshot {
+        milli: index.cluster_fragmentation(),
+        idle_milli,
+        nodes: with_gpus()
+            .map(|(id, n)| (n.name.clone(), index.node_fragmentation(id)))
+            .collect(),
     }
 }
 
