@@ -240,6 +240,9 @@ pub struct NodeHandle {
     pub dir: PathBuf,
     /// Its kubelet.
     pub kubelet: FakeKubelet,
+    /// Its node-daemon's `/metrics` URL (on 127.0.0.1).
+    pub metrics_url: String,
+    metrics: SocketAddr,
     agent: Option<NodeAgent>,
     daemon: Service,
     health: HealthSwitch,
@@ -543,17 +546,20 @@ async fn start_nodes(
         let agent = NodeAgent::start(&kubelet, client.clone(), node_config(spec, &name))
             .await
             .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
+        let metrics = SocketAddr::from(([127, 0, 0, 1], crate::real::control_plane::free_port()?));
         let (daemon, health) = start_node_daemon(
             spec,
             daemon_kubeconfig,
             &name,
             &node_dir.join("device-plugins"),
-            None,
+            Some(metrics),
         )?;
         nodes.push(NodeHandle {
             name,
             dir: node_dir,
             kubelet,
+            metrics_url: format!("http://{metrics}/metrics"),
+            metrics,
             agent: Some(agent),
             daemon,
             health,
@@ -1015,6 +1021,20 @@ impl Cluster {
         scrape(&self.metrics_url).await
     }
 
+    /// The live dashboard: the scheduler-webhook's metrics port, `/ui/`.
+    #[must_use]
+    pub fn dashboard_url(&self) -> String {
+        format!("{}/ui/", self.metrics_url.trim_end_matches("/metrics"))
+    }
+
+    /// A `/metrics` page (any component's, on loopback), scraped now.
+    ///
+    /// # Errors
+    /// The page could not be read.
+    pub async fn scrape(url: &str) -> Result<String, ClusterError> {
+        scrape(url).await
+    }
+
     /// A scheduler replica's `/metrics` text, scraped now (see
     /// [`Cluster::add_scheduler_replica`]).
     ///
@@ -1219,7 +1239,7 @@ impl Cluster {
             &kubeconfig,
             &node.name,
             &node.dir.join("device-plugins"),
-            None,
+            Some(node.metrics),
         )?;
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! kube-scheduler) that speak the real protocols, used by the end-to-end
 //! tests, the benchmarks and the sandbox.
 
+pub mod browser;
 pub mod chaos;
 pub mod checker;
 pub mod cluster;

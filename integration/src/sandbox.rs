@@ -76,7 +76,8 @@ pub struct Args {
     /// Give up waiting after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
-    /// Leave the cluster up after the report (prints the kubeconfig path); stop with Ctrl-C.
+    /// Leave the cluster up after the report, printing the kubeconfig path and the live
+    /// dashboard's URL (in the JSON summary too: "kubeconfig", "dashboard_url"); stop with Ctrl-C.
     #[arg(long)]
     pub keep_running: bool,
     /// `fake`: the in-process stand-ins (no set-up). `real`: kube-apiserver, etcd,
@@ -176,6 +177,12 @@ pub struct Summary {
     pub problems: Vec<String>,
     /// What ran the cluster.
     pub control_plane: ControlPlaneSummary,
+    /// With `--keep-running`: the kubeconfig of the cluster left up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<String>,
+    /// With `--keep-running`: the live dashboard's URL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dashboard_url: Option<String>,
     /// The checker's findings.
     #[serde(skip)]
     pub report: Report,
@@ -716,6 +723,8 @@ pub fn summarize(pods: &[Pod], nodes: &[Node], seconds_to_settle: f64) -> Summar
         not_running,
         problems: Vec::new(),
         control_plane: ControlPlaneSummary::default(),
+        kubeconfig: None,
+        dashboard_url: None,
         report,
     }
 }

@@ -16,4 +16,5 @@ pub mod serve;
 pub mod settings;
 pub mod simulate;
 pub mod tls;
+pub mod ui;
 pub mod webhook;

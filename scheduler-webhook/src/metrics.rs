@@ -77,6 +77,7 @@ pub struct Metrics {
     vgpu_core: Family<SliceLabels, FloatGauge>,
     quota_used: Family<QuotaUsedLabels, FloatGauge>,
     quota_limit: Family<QuotaLimitLabels, FloatGauge>,
+    pending_pods: Gauge,
     /// Filter decisions by result (`placed`, `no_fit`, `invalid`, `no_gpu`).
     pub filter_results: Family<ResultLabels, Counter>,
     /// Bind outcomes by result (`bound`, `failed`).
@@ -115,6 +116,7 @@ impl Metrics {
             vgpu_core: Family::default(),
             quota_used: Family::default(),
             quota_limit: Family::default(),
+            pending_pods: Gauge::default(),
             filter_results: Family::default(),
             bind_results: Family::default(),
             filter_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
@@ -172,6 +174,11 @@ impl Metrics {
             m.quota_limit.clone(),
         );
         registry.register(
+            "gpuslice_pending_gpu_pods",
+            "GPU pods holding nothing whose last filter found no node",
+            m.pending_pods.clone(),
+        );
+        registry.register(
             "gpuslice_filter_decisions",
             "Filter decisions by result",
             m.filter_results.clone(),
@@ -201,6 +208,12 @@ impl Metrics {
                 result: result.to_owned(),
             })
             .inc();
+    }
+
+    /// Sets the number of GPU pods whose last filter found no node.
+    pub fn set_pending(&self, pods: usize) {
+        self.pending_pods
+            .set(i64::try_from(pods).unwrap_or(i64::MAX));
     }
 
     /// Replaces the GPU and slice gauges with a fresh snapshot.

@@ -6,6 +6,7 @@
 //!   resourcequotas)                                    ◀── /webhook (quota room)
 //!  /healthz: process up     /readyz: nodes, pods and quotas listed once
 //!  /metrics (own port): HAMi's GPU, slice and quota gauges, our latency histograms
+//!  /ui (the metrics port): the live dashboard (crate::ui)
 //! ```
 
 use std::future::Future;
@@ -93,12 +94,15 @@ async fn metrics(
     metrics: web::Data<Arc<Metrics>>,
     names: web::Data<proto::hami::resources::ResourceNames>,
 ) -> HttpResponse {
-    let snapshot = match model.snapshot().await {
-        Ok(s) => model.quotas().await.map(|q| (s, q)),
-        Err(gone) => Err(gone),
+    let snapshot = async {
+        let s = model.snapshot().await?;
+        let q = model.quotas().await?;
+        let pending = model.pending().await?.len();
+        Ok::<_, crate::cache::owner::ModelGone>(((s, q), pending))
     };
-    match snapshot {
-        Ok(((gpus, slices), quotas)) => {
+    match snapshot.await {
+        Ok((((gpus, slices), quotas), pending)) => {
+            metrics.set_pending(pending);
             metrics.refresh(&gpus, &slices);
             metrics.refresh_quotas(&quotas, &names);
             HttpResponse::Ok()
@@ -198,12 +202,14 @@ pub async fn run_on(
     let metrics_model = web::Data::new(model.clone());
     let metrics_registry = web::Data::new(registry);
     let metrics_names = web::Data::new(settings.resources.clone());
+    let dashboard = crate::ui::UiState::start(model.clone());
     let metrics_server = HttpServer::new(move || {
         App::new()
             .app_data(metrics_model.clone())
             .app_data(metrics_registry.clone())
             .app_data(metrics_names.clone())
             .route("/metrics", web::get().to(metrics))
+            .configure(|c| crate::ui::configure(c, dashboard.clone()))
     })
     .workers(1)
     .disable_signals()
@@ -214,7 +220,7 @@ pub async fn run_on(
     })?
     .run();
     let metrics_handle = metrics_server.handle();
-    info!(addr = %metrics_listen, "serving /metrics");
+    info!(addr = %metrics_listen, "serving /metrics and the dashboard at /ui/");
     let metrics_task = tokio::spawn(metrics_server);
     let ready = web::Data::new(model);
     let server = HttpServer::new(move || {

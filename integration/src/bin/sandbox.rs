@@ -24,13 +24,17 @@ async fn main() -> ExitCode {
             args.workload
         );
     }
-    let (summary, cluster) = match run(&args).await {
+    let (mut summary, cluster) = match run(&args).await {
         Ok(done) => done,
         Err(e) => {
             eprintln!("sandbox: {e}");
             return ExitCode::FAILURE;
         }
     };
+    if args.keep_running {
+        summary.kubeconfig = Some(cluster.kubeconfig.display().to_string());
+        summary.dashboard_url = Some(cluster.dashboard_url());
+    }
     if args.format == "json" {
         println!(
             "{}",
@@ -41,8 +45,10 @@ async fn main() -> ExitCode {
     }
     if args.keep_running {
         eprintln!(
-            "\ncluster is up; try:\n  kubectl --kubeconfig {} get pods -o wide\nCtrl-C stops it.",
-            cluster.kubeconfig.display()
+            "\ncluster is up; try:\n  kubectl --kubeconfig {} get pods -o wide\n\
+             live dashboard: {}\nCtrl-C stops it.",
+            cluster.kubeconfig.display(),
+            cluster.dashboard_url()
         );
         let _ = tokio::signal::ctrl_c().await;
     }

@@ -30,7 +30,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::model::{ClusterModel, Decided, FilterOutcome, GpuSnapshot, SliceSnapshot};
+use super::model::{
+    ClusterModel, Decided, FilterOutcome, FragmentationSnapshot, GpuSnapshot, PendingPod,
+    SliceSnapshot,
+};
 use crate::convert::NodeHandshake;
 use crate::core::quota::QuotaStatus;
 
@@ -113,6 +116,16 @@ pub enum Command {
     Snapshot {
         /// Where the answer goes.
         reply: oneshot::Sender<(Vec<GpuSnapshot>, Vec<SliceSnapshot>)>,
+    },
+    /// Read the pods whose last filter found no node (for the dashboard).
+    GetPending {
+        /// Where the answer goes.
+        reply: oneshot::Sender<Vec<PendingPod>>,
+    },
+    /// Read the cluster's fragmentation (for the dashboard).
+    GetFragmentation {
+        /// Where the answer goes.
+        reply: oneshot::Sender<FragmentationSnapshot>,
     },
     /// Read one namespace's quota limits and use (`None`: no quota there).
     GetQuota {
@@ -266,6 +279,26 @@ impl ModelHandle {
     pub async fn snapshot(&self) -> Result<(Vec<GpuSnapshot>, Vec<SliceSnapshot>), ModelGone> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Snapshot { reply }).await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// The pods whose last filter found no node, with why.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn pending(&self) -> Result<Vec<PendingPod>, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::GetPending { reply }).await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// The cluster's fragmentation for the current workload.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn fragmentation(&self) -> Result<FragmentationSnapshot, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::GetFragmentation { reply }).await?;
         rx.await.map_err(|_| ModelGone)
     }
 
@@ -443,6 +476,13 @@ async fn run(
                 if !keep && let Some(uid) = pod.metadata.uid.as_deref() {
                     model.release(uid);
                 }
+                // The dashboard shows why a pod is pending.
+                if keep
+                    && let (FilterOutcome::NoFit { failed }, Some(uid)) =
+                        (&outcome, pod.metadata.uid.as_deref())
+                {
+                    model.refused(uid, failed);
+                }
                 // Only a refusal waits: the names are looked up only then,
                 // and a pod that fits among the registered nodes is placed.
                 let missing: Vec<String> =
@@ -479,6 +519,12 @@ async fn run(
             }
             Command::Snapshot { reply } => {
                 let _ = reply.send((model.gpu_snapshot(), model.slice_snapshot()));
+            }
+            Command::GetPending { reply } => {
+                let _ = reply.send(model.pending());
+            }
+            Command::GetFragmentation { reply } => {
+                let _ = reply.send(model.fragmentation());
             }
             Command::GetQuota { namespace, reply } => {
                 let _ = reply.send(model.quota_status(&namespace));

@@ -95,6 +95,8 @@ pub struct PodRecord {
     stage: Stage,
     /// The book's filter count at its last filter (0: never filtered here).
     filtered: u64,
+    /// Why its last filter found no node, while it holds nothing.
+    refusal: Option<Refusal>,
 }
 
 impl PodRecord {
@@ -116,9 +118,79 @@ impl PodRecord {
         self.charge
     }
 
+    /// Why its last filter found no node (`None` once it holds slices).
+    #[must_use]
+    pub fn refusal(&self) -> Option<&Refusal> {
+        self.refusal.as_ref()
+    }
+
     /// Counts nothing, holds nothing, is charged nothing: not worth keeping.
     fn is_empty(&self) -> bool {
         self.shape.is_none() && self.charge == QuotaUse::default() && self.stage == Stage::Demand
+    }
+}
+
+/// Why a pod's last filter found no node, summarized by reason as HAMi's
+/// event words it ("3 nodes: CardInsufficientMemory"): one entry per
+/// reason, with the number of candidates that gave it, most first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Candidates refused.
+    pub nodes: usize,
+    /// Reason and how many candidates gave it, most first.
+    pub reasons: Vec<(String, usize)>,
+    /// The book's filter count at the refusal (orders refusals in time).
+    pub at_filter: u64,
+}
+
+impl Refusal {
+    /// Summarizes a filter's per-node reasons (`"2/8 CardInsufficientMemory,
+    /// 6/8 CardTypeMismatch"`): each node counts once per reason it names.
+    #[must_use]
+    pub fn of(failed: &BTreeMap<String, String>, at_filter: u64) -> Self {
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for why in failed.values() {
+            let mut named: Vec<&str> = why
+                .split(", ")
+                .map(|part| match part.split_once(' ') {
+                    // "2/8 CardInsufficientMemory": the card count goes.
+                    Some((n, reason))
+                        if n.contains('/')
+                            && n.bytes().all(|b| b == b'/' || b.is_ascii_digit()) =>
+                    {
+                        reason
+                    }
+                    _ => part,
+                })
+                .collect();
+            named.sort_unstable();
+            named.dedup();
+            for reason in named {
+                *counts.entry(reason).or_default() += 1;
+            }
+        }
+        let mut reasons: Vec<(String, usize)> =
+            counts.into_iter().map(|(r, n)| (r.to_owned(), n)).collect();
+        reasons.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Self {
+            nodes: failed.len(),
+            reasons,
+            at_filter,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    /// `"3 nodes: CardInsufficientMemory; 1 node: node unregistered"`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (reason, n)) in self.reasons.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            let nodes = if *n == 1 { "node" } else { "nodes" };
+            write!(f, "{n} {nodes}: {reason}")?;
+        }
+        Ok(())
     }
 }
 
@@ -357,6 +429,23 @@ impl PodBook {
             .map(|(uid, _)| uid.as_str())
     }
 
+    /// Pods that hold nothing and whose last filter found no node, with why.
+    pub fn refused(&self) -> impl Iterator<Item = (&str, &PodRecord, &Refusal)> {
+        self.records.iter().filter_map(|(uid, r)| {
+            let refusal = r.refusal.as_ref()?;
+            (r.stage == Stage::Demand).then_some((uid.as_str(), r, refusal))
+        })
+    }
+
+    /// Remembers why the pod's last filter found no node (replacing the
+    /// previous refusal); forgotten once the pod holds slices or is gone.
+    pub fn refuse(&mut self, uid: &str, failed: &BTreeMap<String, String>) {
+        let at = self.filters;
+        if let Some(record) = self.records.get_mut(uid) {
+            record.refusal = Some(Refusal::of(failed, at));
+        }
+    }
+
     /// Pods whose shape the workload counts.
     pub fn counted_pods(&self) -> impl Iterator<Item = &str> {
         self.records
@@ -531,6 +620,7 @@ impl PodBook {
                 charge: QuotaUse::default(),
                 stage: Stage::Demand,
                 filtered: 0,
+                refusal: None,
             })
     }
 
@@ -564,6 +654,9 @@ impl PodBook {
             self.unplaced.insert(uid.to_owned());
         } else {
             self.unplaced.remove(uid);
+        }
+        if stage != Stage::Demand {
+            record.refusal = None;
         }
         record.stage = stage;
     }

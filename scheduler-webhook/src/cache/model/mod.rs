@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, Pod, ResourceQuota};
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::register;
 
+pub use self::overview::{FragmentationSnapshot, PendingPod};
 use super::pods::PodBook;
 pub use super::pods::{Decided, SliceSnapshot};
 use crate::convert::{
@@ -544,6 +545,25 @@ impl ClusterModel {
         self.pods.bind_failed(&mut self.cluster, uid)
     }
 
+    /// Remembers why a pod's filter found no node (see [`PodBook::refuse`]).
+    pub fn refused(&mut self, uid: &str, failed: &BTreeMap<String, String>) {
+        self.pods.refuse(uid, failed);
+    }
+
+    /// Pods that hold nothing and whose last filter found no node, the most
+    /// recently refused first (for the dashboard).
+    #[must_use]
+    pub fn pending(&self) -> Vec<PendingPod> {
+        overview::pending(&self.pods)
+    }
+
+    /// The cluster's fragmentation for the workload `fgd` places for,
+    /// computed afresh without touching the `fgd` policy's index.
+    #[must_use]
+    pub fn fragmentation(&self) -> FragmentationSnapshot {
+        overview::fragmentation(&self.cluster, &self.pods)
+    }
+
     /// The node a pod holds or reserved slices on.
     #[must_use]
     pub fn node_of(&self, uid: &str) -> Option<&str> {
@@ -559,5 +579,6 @@ fn shape_of(pod: &Pod, requests: &RequestConfig) -> Option<Shape> {
     request.wants_gpu().then(|| Shape::of_request(&request))
 }
 
+mod overview;
 #[cfg(test)]
 mod tests;
