@@ -20,6 +20,13 @@
 //! milliseconds apart, and a retry answered before our watch delivered it
 //! would be refused again with no later event to retry on, leaving the pod
 //! to kube-scheduler's 5-minute flush (seen on the real control plane).
+//!
+//! The model reads no clock: the owner tells it the time before every node
+//! event and every filter, so a GPU node whose handshake window ended stops
+//! being offered from the next filter on. A GPU node whose handshake must be
+//! requested (new, never stamped, or back after `Deleted_`) bumps
+//! [`ModelHandle::handshake_due`], so the leader stamps it at once, as HAMi's
+//! registration pass runs on node add, instead of at its next 15 s tick.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -30,7 +37,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::model::{ClusterModel, Decided, FilterOutcome, GpuSnapshot, SliceSnapshot};
+use super::model::{ClusterModel, Decided, DryRun, FilterOutcome, GpuSnapshot, SliceSnapshot};
 use crate::convert::NodeHandshake;
 use crate::core::quota::QuotaStatus;
 
@@ -85,14 +92,22 @@ pub enum Command {
         pod: Box<Pod>,
         /// Candidate nodes.
         candidates: Arc<[String]>,
-        /// Keep the reservation (false for a dry run).
-        keep: bool,
         /// On a refusal, name in [`Filtered::Refused`] the candidates that
         /// have no GPUs in the model yet (and were not waited for in vain
         /// before).
         patient: bool,
         /// Where the answer goes.
         reply: oneshot::Sender<Filtered>,
+    },
+    /// Check a pod against Node objects, reserving nothing (see
+    /// [`ClusterModel::dry_run`]).
+    DryRun {
+        /// The pod.
+        pod: Box<Pod>,
+        /// The Node objects, as the request carried them.
+        nodes: Arc<[Node]>,
+        /// Where the answer goes.
+        reply: oneshot::Sender<DryRun>,
     },
     /// These nodes were waited for in vain: later filters do not wait for
     /// them until they register.
@@ -163,6 +178,8 @@ pub struct ModelHandle {
     ready: watch::Receiver<bool>,
     /// Bumped by the owner after every node or pod change it applied.
     changes: watch::Receiver<u64>,
+    /// Bumped by the owner when a GPU node's handshake must be requested.
+    handshake_due: watch::Receiver<u64>,
     /// How long a filter waits for unregistered candidates.
     patience: Duration,
 }
@@ -195,7 +212,6 @@ impl ModelHandle {
         &self,
         pod: Pod,
         candidates: Arc<[String]>,
-        keep: bool,
     ) -> Result<FilterOutcome, ModelGone> {
         // Subscribed before the first filter: a change the owner applies
         // after that filter is never missed.
@@ -211,7 +227,6 @@ impl ModelHandle {
             self.send(Command::Filter {
                 pod,
                 candidates: Arc::clone(&candidates),
-                keep,
                 patient,
                 reply,
             })
@@ -243,6 +258,29 @@ impl ModelHandle {
                 }
             }
         }
+    }
+
+    /// Checks a pod against Node objects without reserving anything (see
+    /// [`ClusterModel::dry_run`]). Never waits: the nodes are in the request.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn dry_run(&self, pod: Pod, nodes: Arc<[Node]>) -> Result<DryRun, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::DryRun {
+            pod: Box::new(pod),
+            nodes,
+            reply,
+        })
+        .await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// A receiver bumped whenever a GPU node's handshake must be requested
+    /// (the handshake task passes at once instead of at its next tick).
+    #[must_use]
+    pub fn handshake_due(&self) -> watch::Receiver<u64> {
+        self.handshake_due.clone()
     }
 
     /// The decision waiting for a pod's bind.
@@ -324,19 +362,40 @@ impl ModelHandle {
     }
 }
 
-/// Starts the owner task on the current tokio runtime.
+/// Starts the owner task on the current tokio runtime, telling the model
+/// the wall-clock time.
 #[must_use]
 pub fn spawn(model: ClusterModel) -> ModelHandle {
+    spawn_with_clock(model, crate::clock::now_unix)
+}
+
+/// Starts the owner task with `clock` (unix seconds) as the model's time.
+#[must_use]
+pub fn spawn_with_clock(model: ClusterModel, clock: fn() -> i64) -> ModelHandle {
     let (tx, rx) = mpsc::channel(1024);
     let (ready_tx, ready) = watch::channel(false);
     let (changes_tx, changes) = watch::channel(0);
-    tokio::spawn(run(model, rx, ready_tx, changes_tx));
+    let (due_tx, handshake_due) = watch::channel(0);
+    let signals = Signals {
+        ready: ready_tx,
+        changed: changes_tx,
+        handshake_due: due_tx,
+    };
+    tokio::spawn(run(model, rx, signals, clock));
     ModelHandle {
         tx,
         ready,
         changes,
+        handshake_due,
         patience: UNREGISTERED_WAIT,
     }
+}
+
+/// What the owner publishes.
+struct Signals {
+    ready: watch::Sender<bool>,
+    changed: watch::Sender<u64>,
+    handshake_due: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -352,9 +411,14 @@ struct Relist {
 async fn run(
     mut model: ClusterModel,
     mut rx: mpsc::Receiver<Command>,
-    ready: watch::Sender<bool>,
-    changed: watch::Sender<u64>,
+    signals: Signals,
+    clock: fn() -> i64,
 ) {
+    let Signals {
+        ready,
+        changed,
+        handshake_due,
+    } = signals;
     let mut relist = Relist::default();
     // Nodes a filter waited for in vain (see the module doc).
     let mut given_up: HashSet<String> = HashSet::new();
@@ -369,6 +433,14 @@ async fn run(
                 | Command::DeletePod(_)
                 | Command::RelistDone(Kind::Nodes | Kind::Pods)
         );
+        if matches!(
+            command,
+            Command::ApplyNode(_) | Command::Filter { .. } | Command::DryRun { .. }
+        ) {
+            for name in model.advance_clock(clock()) {
+                debug!(node = %name, "GPU node advertises no GPUs past its handshake window: not offered");
+            }
+        }
         match command {
             Command::ApplyNode(node) => {
                 if let (Some(seen), Some(name)) =
@@ -386,6 +458,13 @@ async fn run(
                         .is_none()
                 {
                     given_up.remove(name);
+                }
+                if let Some(name) = node.metadata.name.as_ref()
+                    && model
+                        .handshake_of(name)
+                        .is_some_and(NodeHandshake::needs_request)
+                {
+                    handshake_due.send_modify(|v| *v = v.wrapping_add(1));
                 }
             }
             Command::DeleteNode(name) => {
@@ -435,14 +514,10 @@ async fn run(
             Command::Filter {
                 pod,
                 candidates,
-                keep,
                 patient,
                 reply,
             } => {
                 let outcome = model.filter(&pod, &candidates);
-                if !keep && let Some(uid) = pod.metadata.uid.as_deref() {
-                    model.release(uid);
-                }
                 // Only a refusal waits: the names are looked up only then,
                 // and a pod that fits among the registered nodes is placed.
                 let missing: Vec<String> =
@@ -464,6 +539,9 @@ async fn run(
                 } else {
                     Filtered::Decided(outcome)
                 });
+            }
+            Command::DryRun { pod, nodes, reply } => {
+                let _ = reply.send(model.dry_run(&pod, &nodes));
             }
             Command::GiveUp(nodes) => given_up.extend(nodes),
             Command::Decision { uid, reply } => {
