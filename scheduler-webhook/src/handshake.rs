@@ -254,6 +254,33 @@ mod tests {
     }
 
     #[test]
+    fn the_model_wakes_the_pass_exactly_for_the_values_it_requests_whatever_the_time() {
+        let values = [
+            None,
+            Some("garbage"),
+            Some("Reported 2025-07-12 01:12:00.1 +0000 UTC"),
+            Some("Requesting_2025-07-12 01:12:00"),
+            Some("Deleted_2025-07-12 01:00:00"),
+        ];
+        for current in values {
+            for allocatable in [None, Some(0), Some(4)] {
+                let node = NodeHandshake {
+                    current: current.map(str::to_owned),
+                    allocatable_gpus: allocatable,
+                };
+                // A fresh stamp: only the time-independent requests remain.
+                let requested =
+                    matches!(action(current, allocatable, NOW - 20), Action::Request(_));
+                assert_eq!(
+                    requested,
+                    node.needs_request(),
+                    "{current:?} {allocatable:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn leadership_follows_the_lease_holder_and_expiry() {
         let lease: Lease = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "gpuslice-scheduler"},

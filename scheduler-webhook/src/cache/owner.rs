@@ -615,6 +615,111 @@ mod tests {
         handle.send(Command::RelistDone(kind)).await.unwrap();
     }
 
+    const NOW: i64 = 1_752_282_740; // 2025-07-12 01:12:20 UTC
+
+    fn gpu_node(name: &str, handshake: Option<&str>, allocatable: &str) -> Node {
+        let device = proto::hami::register::NodeDevice {
+            id: format!("GPU-{name}"),
+            index: 0,
+            count: 10,
+            devmem: 1000,
+            devcore: 100,
+            device_type: "NVIDIA-Tesla T4".into(),
+            numa: 0,
+            mode: "hami-core".into(),
+            health: true,
+        };
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(
+            proto::hami::keys::NODE_NVIDIA_REGISTER.into(),
+            proto::hami::register::encode_json(&[device])
+                .unwrap()
+                .into(),
+        );
+        if let Some(h) = handshake {
+            annotations.insert(proto::hami::keys::NODE_HANDSHAKE.into(), h.into());
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "status": {"allocatable": {"nvidia.com/gpu": allocatable}}
+        }))
+        .unwrap()
+    }
+
+    fn slice_pod(uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {
+                "nvidia.com/gpu": "1", "nvidia.com/gpumem": "100"}}}]}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_gpu_node_whose_handshake_must_be_requested_wakes_the_handshake_task() {
+        let handle = spawn_with_clock(model(), || NOW);
+        let mut due = handle.handshake_due();
+        let apply = |node: Node| handle.send(Command::ApplyNode(Box::new(node)));
+        let settled = || handle.quotas();
+
+        apply(gpu_node(
+            "stamped",
+            Some("Requesting_2025-07-12 01:12:00"),
+            "10",
+        ))
+        .await
+        .unwrap();
+        apply(serde_json::from_value(json!({"metadata": {"name": "cpu"}})).unwrap())
+            .await
+            .unwrap();
+        settled().await.unwrap();
+        assert!(!due.has_changed().unwrap(), "nothing to request");
+
+        apply(gpu_node("new", None, "0")).await.unwrap();
+        settled().await.unwrap();
+        assert!(
+            due.has_changed().unwrap(),
+            "a new GPU node is requested at once"
+        );
+        due.borrow_and_update();
+
+        // Back after Deleted_: requested at once too.
+        apply(gpu_node("back", Some("Deleted_2025-07-12 01:00:00"), "10"))
+            .await
+            .unwrap();
+        settled().await.unwrap();
+        assert!(due.has_changed().unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_owner_tells_the_model_the_time_before_each_filter() {
+        // The stamp is 20 s before NOW; the clock reads 59 s after it: the
+        // window (60 s) is still open.
+        let handle = spawn_with_clock(model(), || NOW + 39);
+        let stamped = gpu_node("n1", Some("Requesting_2025-07-12 01:12:00"), "0");
+        handle
+            .send(Command::ApplyNode(Box::new(stamped.clone())))
+            .await
+            .unwrap();
+        let n1: Arc<[String]> = Arc::from(vec!["n1".to_owned()]);
+        let placed = handle
+            .filter(slice_pod("a"), Arc::clone(&n1))
+            .await
+            .unwrap();
+        assert!(matches!(placed, FilterOutcome::Placed { .. }), "{placed:?}");
+
+        // A clock 60 s after the stamp: withdrawn before the filter runs.
+        let late = spawn_with_clock(model(), || NOW + 40);
+        late.send(Command::ApplyNode(Box::new(stamped)))
+            .await
+            .unwrap();
+        let refused = late.filter(slice_pod("a"), n1).await.unwrap();
+        let FilterOutcome::NoFit { failed } = refused else {
+            panic!("expected no fit: {refused:?}");
+        };
+        assert_eq!(failed["n1"], "node unregistered");
+    }
+
     #[tokio::test]
     async fn readiness_waits_for_quotas_and_a_relist_drops_quotas_deleted_meanwhile() {
         let handle = spawn(model());
