@@ -10,7 +10,7 @@
 //! ([`super::pods`]), which moves the core ledger, the quota use and the
 //! `fgd` workload together; this module reads Kubernetes objects, keeps
 //! the nodes' registrations and asks [`schedule`]. Which GPU nodes the
-//! handshake lets it offer, as time passes, is [`health`]'s.
+//! handshake lets it offer, as time passes, is the `health` submodule's.
 //!
 //! [`ClusterModel::dry_run`] answers a simulation (Cluster Autoscaler's
 //! `/filter` with `Nodes`) from the Node objects it is given, reading the
