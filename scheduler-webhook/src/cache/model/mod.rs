@@ -426,12 +426,14 @@ impl ClusterModel {
         }
     }
 
-    /// Every GPU with its use.
+    /// Every GPU offered, with its use (a node the handshake withdrew is
+    /// left out, as HAMi drops its devices).
     #[must_use]
     pub fn gpu_snapshot(&self) -> Vec<GpuSnapshot> {
         self.cluster
             .nodes()
             .iter()
+            .filter(|node| !self.health.is_withdrawn(&node.name))
             .flat_map(|node| {
                 node.gpus
                     .iter()

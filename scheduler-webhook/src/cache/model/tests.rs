@@ -811,12 +811,17 @@ fn a_node_whose_allocatable_falls_to_zero_is_withdrawn_and_keeps_its_pods_for_it
         .unwrap();
     let outcome = model.filter(&slice_pod("a", 100, 10), &names(&["n1"]));
     assert_eq!(refusal(&outcome, "n1"), "node unregistered");
+    assert!(
+        model.gpu_snapshot().is_empty(),
+        "its GPUs leave the metrics"
+    );
     // It comes back: the pod on it still holds its 600 MiB.
     model
         .apply_node(&handshaken(kube_node("n1", 1, 1000), fresh, Some("10")))
         .unwrap();
     let outcome = model.filter(&slice_pod("b", 600, 10), &names(&["n1"]));
     assert_eq!(refusal(&outcome, "n1"), "1/1 CardInsufficientMemory");
+    assert_eq!(model.gpu_snapshot()[0].used_memory_mib, 600);
     assert!(matches!(
         model.filter(&slice_pod("c", 400, 10), &names(&["n1"])),
         FilterOutcome::Placed { .. }
