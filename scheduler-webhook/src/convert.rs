@@ -111,9 +111,9 @@ fn container_lite(c: &Container) -> Result<ContainerLite, String> {
 /// What the model reads from a node's annotations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeAnnotations {
-    /// The `hami.io/node-nvidia-register` value, empty when there is none
-    /// or the handshake marked the node unhealthy (HAMi then drops its
-    /// devices from the cache).
+    /// The `hami.io/node-nvidia-register` value, empty when there is none.
+    /// Whether the GPUs it lists are offered is the handshake's call
+    /// ([`NodeHandshake::offer`]).
     pub register: String,
     /// GPU UUIDs an admin excluded from new allocations (`hami.io/device-cordon`).
     pub cordoned: Vec<String>,
@@ -132,17 +132,77 @@ pub struct NodeHandshake {
     pub allocatable_gpus: Option<i64>,
 }
 
+/// How long a `Requesting_` stamp answers for a node that advertises no
+/// GPUs (HAMi: 60 s).
+pub const REQUEST_WINDOW_SECS: i64 = 60;
+
+/// Whether a GPU node's handshake lets the scheduler offer its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuOffer {
+    /// Offered.
+    Yes,
+    /// Offered until this unix second, then not (a `Requesting_` stamp on a
+    /// node that advertises no GPUs: HAMi waits 60 s for its device plugin).
+    Until(i64),
+    /// Not offered: the node is unhealthy.
+    No,
+}
+
+impl NodeHandshake {
+    /// The allocatable count of the GPU resource, absent read as 0 (as
+    /// HAMi's `Quantity.Value()` of a missing key).
+    #[must_use]
+    pub fn allocatable(&self) -> i64 {
+        self.allocatable_gpus.unwrap_or(0)
+    }
+
+    /// Whether the leader should write `Requesting_<now>` whatever the time:
+    /// the value is missing, unreadable or a legacy one, or it is `Deleted_`
+    /// while the node advertises GPUs again. (An expired `Requesting_` is
+    /// the other, time-dependent, case: see `handshake::action`.)
+    #[must_use]
+    pub fn needs_request(&self) -> bool {
+        match self.current.as_deref().map(str::parse::<Handshake>) {
+            Some(Ok(Handshake::Requesting(_))) => false,
+            Some(Ok(Handshake::Deleted(_))) => self.allocatable() > 0,
+            _ => true,
+        }
+    }
+
+    /// HAMi's health rule for the node's GPUs (`CheckHealth` of the NVIDIA
+    /// device and `device.CheckHealth`). `dropped` says the node's
+    /// allocatable count fell from > 0 to 0 and has not come back since.
+    ///
+    /// - `Deleted_…`: no (the leader marked it unhealthy; gpuslice's marker);
+    /// - allocatable > 0: yes;
+    /// - allocatable 0 (or absent) after it was > 0: no, at once (the device
+    ///   plugin stopped);
+    /// - allocatable 0 with `Requesting_<t>`: yes until `t + 60 s`, then no
+    ///   (the device plugin never came up);
+    /// - allocatable 0 with no stamp, a legacy one or an unreadable one: yes
+    ///   (HAMi stamps such a node and counts it healthy; the 60 s start
+    ///   once the stamp is written).
+    #[must_use]
+    pub fn offer(&self, dropped: bool) -> GpuOffer {
+        match self.current.as_deref().map(str::parse::<Handshake>) {
+            Some(Ok(Handshake::Deleted(_))) => GpuOffer::No,
+            _ if self.allocatable() > 0 => GpuOffer::Yes,
+            _ if dropped => GpuOffer::No,
+            Some(Ok(h @ Handshake::Requesting(_))) => {
+                GpuOffer::Until(h.stamped_at_unix().saturating_add(REQUEST_WINDOW_SECS))
+            }
+            _ => GpuOffer::Yes,
+        }
+    }
+}
+
 /// Reads a node's register, cordon and handshake annotations, and its
 /// allocatable count of `gpu_resource`.
 #[must_use]
 pub fn node_annotations(node: &KubeNode, gpu_resource: &str) -> NodeAnnotations {
     let annotations = node.metadata.annotations.as_ref();
-    let unhealthy = annotations
-        .and_then(|a| a.get(keys::NODE_HANDSHAKE))
-        .is_some_and(|h| matches!(h.parse(), Ok(Handshake::Deleted(_))));
     let register = annotations
         .and_then(|a| a.get(keys::NODE_NVIDIA_REGISTER))
-        .filter(|_| !unhealthy)
         .cloned()
         .unwrap_or_default();
     let cordoned = annotations

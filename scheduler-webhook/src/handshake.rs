@@ -2,7 +2,9 @@
 //! semantics so HAMi's own device plugin can run under this scheduler.
 //!
 //! [`action`] is the pure rule for one node and [`plan`] for every node;
-//! [`run`] is the leader's periodic pass. A pass reads the nodes from the
+//! [`run`] is the leader's pass, every 15 s and at once when the model sees
+//! a GPU node whose handshake must be requested (HAMi passes on node add
+//! too), so a new node is stamped within a round trip. A pass reads the nodes from the
 //! model's watch cache (no LIST: at 10,000 nodes a LIST every 15 s would
 //! move 10,000 objects 240 times an hour) and patches only the nodes whose
 //! value must change. Only the replica whose kube-scheduler holds the Lease
@@ -10,8 +12,10 @@
 //! when the value must change: once per node after it registers, and when
 //! a node turns unhealthy. An unhealthy node is marked `Deleted_<time>`
 //! (HAMi ≤ v2.9's marker, which HEAD still reads) rather than having the key
-//! removed, so a dead node is not re-requested every pass; the model offers
-//! no GPUs on a node so marked.
+//! removed, so a dead node is not re-requested every pass. The model does
+//! not wait for that write: it applies the same rule to what the watch
+//! shows, at its own clock (`cache::model`'s `health`), and stops offering
+//! the node's GPUs the moment its window ends.
 
 use std::time::{Duration, SystemTime};
 
@@ -152,7 +156,8 @@ pub async fn pass(
     written
 }
 
-/// The leader's periodic pass, forever.
+/// The leader's pass, every [`PERIOD`] and whenever the model signals a
+/// node to request ([`ModelHandle::handshake_due`]), forever.
 pub async fn run(
     client: Client,
     model: ModelHandle,
@@ -163,8 +168,17 @@ pub async fn run(
     let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_namespace);
     let nodes: Api<Node> = Api::all(client);
     let mut tick = tokio::time::interval(PERIOD);
+    let mut due = model.handshake_due();
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = due.changed() => {
+                if changed.is_err() {
+                    // The model is gone; the ticks still pass (and find it gone).
+                    tick.tick().await;
+                }
+            }
+        }
         pass(&leases, &nodes, &model, &lease_name, &hostname).await;
     }
 }
@@ -237,6 +251,33 @@ mod tests {
             action(Some(deleted), Some(2), NOW),
             Action::Request(_)
         ));
+    }
+
+    #[test]
+    fn the_model_wakes_the_pass_exactly_for_the_values_it_requests_whatever_the_time() {
+        let values = [
+            None,
+            Some("garbage"),
+            Some("Reported 2025-07-12 01:12:00.1 +0000 UTC"),
+            Some("Requesting_2025-07-12 01:12:00"),
+            Some("Deleted_2025-07-12 01:00:00"),
+        ];
+        for current in values {
+            for allocatable in [None, Some(0), Some(4)] {
+                let node = NodeHandshake {
+                    current: current.map(str::to_owned),
+                    allocatable_gpus: allocatable,
+                };
+                // A fresh stamp: only the time-independent requests remain.
+                let requested =
+                    matches!(action(current, allocatable, NOW - 20), Action::Request(_));
+                assert_eq!(
+                    requested,
+                    node.needs_request(),
+                    "{current:?} {allocatable:?}"
+                );
+            }
+        }
     }
 
     #[test]

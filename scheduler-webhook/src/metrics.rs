@@ -78,7 +78,8 @@ pub struct Metrics {
     quota_used: Family<QuotaUsedLabels, FloatGauge>,
     quota_limit: Family<QuotaLimitLabels, FloatGauge>,
     pending_pods: Gauge,
-    /// Filter decisions by result (`placed`, `no_fit`, `invalid`, `no_gpu`).
+    /// Filter decisions by result (`placed`, `no_fit`, `invalid`, `no_gpu`,
+    /// and for a dry run with Node objects `dry_run_fit`, `dry_run_no_fit`).
     pub filter_results: Family<ResultLabels, Counter>,
     /// Bind outcomes by result (`bound`, `failed`).
     pub bind_results: Family<ResultLabels, Counter>,

@@ -176,11 +176,7 @@ async fn a_filter_waits_for_the_register_annotation_of_a_known_node() {
     apply(&handle, node("n1", 0)).await;
     let filter = tokio::spawn({
         let handle = handle.clone();
-        async move {
-            handle
-                .filter(slice_pod("a"), candidates(&["n1"]), true)
-                .await
-        }
+        async move { handle.filter(slice_pod("a"), candidates(&["n1"])).await }
     });
     round_trip(&handle).await;
     round_trip(&handle).await;
@@ -199,11 +195,7 @@ async fn a_filter_waits_for_a_node_the_watch_has_not_delivered() {
     let handle = model();
     let filter = tokio::spawn({
         let handle = handle.clone();
-        async move {
-            handle
-                .filter(slice_pod("a"), candidates(&["n1"]), true)
-                .await
-        }
+        async move { handle.filter(slice_pod("a"), candidates(&["n1"])).await }
     });
     round_trip(&handle).await;
     round_trip(&handle).await;
@@ -240,15 +232,12 @@ async fn a_node_that_never_registers_is_waited_for_once_and_for_a_bounded_time()
     // Paused clock: `elapsed` is virtual time the runtime advanced to fire
     // the wait's deadline, not wall-clock time.
     let start = Instant::now();
-    let first = handle
-        .filter(big.clone(), Arc::clone(&both), true)
-        .await
-        .unwrap();
+    let first = handle.filter(big.clone(), Arc::clone(&both)).await.unwrap();
     assert!(matches!(first, FilterOutcome::NoFit { .. }), "{first:?}");
     assert_eq!(start.elapsed(), UNREGISTERED_WAIT, "waited once, bounded");
 
     let again = Instant::now();
-    let second = handle.filter(big, both, true).await.unwrap();
+    let second = handle.filter(big, both).await.unwrap();
     assert!(matches!(second, FilterOutcome::NoFit { .. }), "{second:?}");
     assert_eq!(
         again.elapsed(),
@@ -259,7 +248,7 @@ async fn a_node_that_never_registers_is_waited_for_once_and_for_a_bounded_time()
     // It registers later: it is a candidate like any other again.
     apply(&handle, node("cpu-only", 1)).await;
     let outcome = handle
-        .filter(slice_pod("small"), candidates(&["cpu-only"]), true)
+        .filter(slice_pod("small"), candidates(&["cpu-only"]))
         .await
         .unwrap();
     assert_eq!(placed_on(&outcome), Some("cpu-only"), "{outcome:?}");
@@ -271,7 +260,7 @@ async fn a_pod_that_fits_a_registered_node_is_placed_without_waiting() {
     apply(&handle, node("n1", 1)).await;
     let start = Instant::now();
     let outcome = handle
-        .filter(slice_pod("a"), candidates(&["not-yet", "n1"]), true)
+        .filter(slice_pod("a"), candidates(&["not-yet", "n1"]))
         .await
         .unwrap();
     assert_eq!(placed_on(&outcome), Some("n1"), "{outcome:?}");
@@ -294,17 +283,13 @@ async fn a_filter_where_nothing_fits_decides_again_when_a_pod_leaves_meanwhile()
     let handle = model();
     apply(&handle, node("n1", 1)).await;
     let big = handle
-        .filter(pod_asking("big", 16000), candidates(&["n1"]), true)
+        .filter(pod_asking("big", 16000), candidates(&["n1"]))
         .await
         .unwrap();
     assert_eq!(placed_on(&big), Some("n1"), "{big:?}");
     let filter = tokio::spawn({
         let handle = handle.clone();
-        async move {
-            handle
-                .filter(slice_pod("b"), candidates(&["n1"]), true)
-                .await
-        }
+        async move { handle.filter(slice_pod("b"), candidates(&["n1"])).await }
     });
     round_trip(&handle).await;
     round_trip(&handle).await;
@@ -329,7 +314,7 @@ async fn a_filter_where_nothing_fits_answers_after_the_bounded_wait() {
     apply(&handle, node("n1", 1)).await;
     let started = Instant::now();
     let outcome = handle
-        .filter(pod_asking("huge", 20000), candidates(&["n1"]), true)
+        .filter(pod_asking("huge", 20000), candidates(&["n1"]))
         .await
         .unwrap();
     assert!(
@@ -382,7 +367,7 @@ async fn a_bind_to_another_node_is_refused_and_releases_the_reservation() {
     apply(&handle, node("n1", 1)).await;
     apply(&handle, node("n2", 1)).await;
     let placed = handle
-        .filter(slice_pod("a"), candidates(&["n1"]), true)
+        .filter(slice_pod("a"), candidates(&["n1"]))
         .await
         .unwrap();
     assert_eq!(placed_on(&placed), Some("n1"), "{placed:?}");
@@ -569,7 +554,7 @@ async fn filtered_to_n1(uid: &str) -> ModelHandle {
     mark_listed(&handle, &[Kind::Nodes, Kind::Pods, Kind::Quotas]).await;
     apply(&handle, node("n1", 1)).await;
     let placed = handle
-        .filter(slice_pod(uid), candidates(&["n1"]), true)
+        .filter(slice_pod(uid), candidates(&["n1"]))
         .await
         .unwrap();
     assert_eq!(placed_on(&placed), Some("n1"), "{placed:?}");

@@ -20,6 +20,13 @@
 //! milliseconds apart, and a retry answered before our watch delivered it
 //! would be refused again with no later event to retry on, leaving the pod
 //! to kube-scheduler's 5-minute flush (seen on the real control plane).
+//!
+//! The model reads no clock: the owner tells it the time before every node
+//! event and every filter, so a GPU node whose handshake window ended stops
+//! being offered from the next filter on. A GPU node whose handshake must be
+//! requested (new, never stamped, or back after `Deleted_`) bumps
+//! [`ModelHandle::handshake_due`], so the leader stamps it at once, as HAMi's
+//! registration pass runs on node add, instead of at its next 15 s tick.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -31,7 +38,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::model::{
-    ClusterModel, Decided, FilterOutcome, FragmentationSnapshot, GpuSnapshot, PendingPod,
+    ClusterModel, Decided, DryRun, FilterOutcome, FragmentationSnapshot, GpuSnapshot, PendingPod,
     SliceSnapshot,
 };
 use crate::convert::NodeHandshake;
@@ -88,14 +95,22 @@ pub enum Command {
         pod: Box<Pod>,
         /// Candidate nodes.
         candidates: Arc<[String]>,
-        /// Keep the reservation (false for a dry run).
-        keep: bool,
         /// On a refusal, name in [`Filtered::Refused`] the candidates that
         /// have no GPUs in the model yet (and were not waited for in vain
         /// before).
         patient: bool,
         /// Where the answer goes.
         reply: oneshot::Sender<Filtered>,
+    },
+    /// Check a pod against Node objects, reserving nothing (see
+    /// [`ClusterModel::dry_run`]).
+    DryRun {
+        /// The pod.
+        pod: Box<Pod>,
+        /// The Node objects, as the request carried them.
+        nodes: Arc<[Node]>,
+        /// Where the answer goes.
+        reply: oneshot::Sender<DryRun>,
     },
     /// These nodes were waited for in vain: later filters do not wait for
     /// them until they register.
@@ -176,6 +191,8 @@ pub struct ModelHandle {
     ready: watch::Receiver<bool>,
     /// Bumped by the owner after every node or pod change it applied.
     changes: watch::Receiver<u64>,
+    /// Bumped by the owner when a GPU node's handshake must be requested.
+    handshake_due: watch::Receiver<u64>,
     /// How long a filter waits for unregistered candidates.
     patience: Duration,
 }
@@ -208,7 +225,6 @@ impl ModelHandle {
         &self,
         pod: Pod,
         candidates: Arc<[String]>,
-        keep: bool,
     ) -> Result<FilterOutcome, ModelGone> {
         // Subscribed before the first filter: a change the owner applies
         // after that filter is never missed.
@@ -224,7 +240,6 @@ impl ModelHandle {
             self.send(Command::Filter {
                 pod,
                 candidates: Arc::clone(&candidates),
-                keep,
                 patient,
                 reply,
             })
@@ -256,6 +271,29 @@ impl ModelHandle {
                 }
             }
         }
+    }
+
+    /// Checks a pod against Node objects without reserving anything (see
+    /// [`ClusterModel::dry_run`]). Never waits: the nodes are in the request.
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn dry_run(&self, pod: Pod, nodes: Arc<[Node]>) -> Result<DryRun, ModelGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::DryRun {
+            pod: Box::new(pod),
+            nodes,
+            reply,
+        })
+        .await?;
+        rx.await.map_err(|_| ModelGone)
+    }
+
+    /// A receiver bumped whenever a GPU node's handshake must be requested
+    /// (the handshake task passes at once instead of at its next tick).
+    #[must_use]
+    pub fn handshake_due(&self) -> watch::Receiver<u64> {
+        self.handshake_due.clone()
     }
 
     /// The decision waiting for a pod's bind.
@@ -357,19 +395,40 @@ impl ModelHandle {
     }
 }
 
-/// Starts the owner task on the current tokio runtime.
+/// Starts the owner task on the current tokio runtime, telling the model
+/// the wall-clock time.
 #[must_use]
 pub fn spawn(model: ClusterModel) -> ModelHandle {
+    spawn_with_clock(model, crate::clock::now_unix)
+}
+
+/// Starts the owner task with `clock` (unix seconds) as the model's time.
+#[must_use]
+pub fn spawn_with_clock(model: ClusterModel, clock: fn() -> i64) -> ModelHandle {
     let (tx, rx) = mpsc::channel(1024);
     let (ready_tx, ready) = watch::channel(false);
     let (changes_tx, changes) = watch::channel(0);
-    tokio::spawn(run(model, rx, ready_tx, changes_tx));
+    let (due_tx, handshake_due) = watch::channel(0);
+    let signals = Signals {
+        ready: ready_tx,
+        changed: changes_tx,
+        handshake_due: due_tx,
+    };
+    tokio::spawn(run(model, rx, signals, clock));
     ModelHandle {
         tx,
         ready,
         changes,
+        handshake_due,
         patience: UNREGISTERED_WAIT,
     }
+}
+
+/// What the owner publishes.
+struct Signals {
+    ready: watch::Sender<bool>,
+    changed: watch::Sender<u64>,
+    handshake_due: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -385,9 +444,14 @@ struct Relist {
 async fn run(
     mut model: ClusterModel,
     mut rx: mpsc::Receiver<Command>,
-    ready: watch::Sender<bool>,
-    changed: watch::Sender<u64>,
+    signals: Signals,
+    clock: fn() -> i64,
 ) {
+    let Signals {
+        ready,
+        changed,
+        handshake_due,
+    } = signals;
     let mut relist = Relist::default();
     // Nodes a filter waited for in vain (see the module doc).
     let mut given_up: HashSet<String> = HashSet::new();
@@ -402,6 +466,14 @@ async fn run(
                 | Command::DeletePod(_)
                 | Command::RelistDone(Kind::Nodes | Kind::Pods)
         );
+        if matches!(
+            command,
+            Command::ApplyNode(_) | Command::Filter { .. } | Command::DryRun { .. }
+        ) {
+            for name in model.advance_clock(clock()) {
+                debug!(node = %name, "GPU node advertises no GPUs past its handshake window: not offered");
+            }
+        }
         match command {
             Command::ApplyNode(node) => {
                 if let (Some(seen), Some(name)) =
@@ -419,6 +491,13 @@ async fn run(
                         .is_none()
                 {
                     given_up.remove(name);
+                }
+                if let Some(name) = node.metadata.name.as_ref()
+                    && model
+                        .handshake_of(name)
+                        .is_some_and(NodeHandshake::needs_request)
+                {
+                    handshake_due.send_modify(|v| *v = v.wrapping_add(1));
                 }
             }
             Command::DeleteNode(name) => {
@@ -468,18 +547,13 @@ async fn run(
             Command::Filter {
                 pod,
                 candidates,
-                keep,
                 patient,
                 reply,
             } => {
                 let outcome = model.filter(&pod, &candidates);
-                if !keep && let Some(uid) = pod.metadata.uid.as_deref() {
-                    model.release(uid);
-                }
                 // The dashboard shows why a pod is pending.
-                if keep
-                    && let (FilterOutcome::NoFit { failed }, Some(uid)) =
-                        (&outcome, pod.metadata.uid.as_deref())
+                if let (FilterOutcome::NoFit { failed }, Some(uid)) =
+                    (&outcome, pod.metadata.uid.as_deref())
                 {
                     model.refused(uid, failed);
                 }
@@ -504,6 +578,9 @@ async fn run(
                 } else {
                     Filtered::Decided(outcome)
                 });
+            }
+            Command::DryRun { pod, nodes, reply } => {
+                let _ = reply.send(model.dry_run(&pod, &nodes));
             }
             Command::GiveUp(nodes) => given_up.extend(nodes),
             Command::Decision { uid, reply } => {
@@ -581,6 +658,111 @@ mod tests {
             handle.send(Command::ApplyQuota(Box::new(q))).await.unwrap();
         }
         handle.send(Command::RelistDone(kind)).await.unwrap();
+    }
+
+    const NOW: i64 = 1_752_282_740; // 2025-07-12 01:12:20 UTC
+
+    fn gpu_node(name: &str, handshake: Option<&str>, allocatable: &str) -> Node {
+        let device = proto::hami::register::NodeDevice {
+            id: format!("GPU-{name}"),
+            index: 0,
+            count: 10,
+            devmem: 1000,
+            devcore: 100,
+            device_type: "NVIDIA-Tesla T4".into(),
+            numa: 0,
+            mode: "hami-core".into(),
+            health: true,
+        };
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(
+            proto::hami::keys::NODE_NVIDIA_REGISTER.into(),
+            proto::hami::register::encode_json(&[device])
+                .unwrap()
+                .into(),
+        );
+        if let Some(h) = handshake {
+            annotations.insert(proto::hami::keys::NODE_HANDSHAKE.into(), h.into());
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "status": {"allocatable": {"nvidia.com/gpu": allocatable}}
+        }))
+        .unwrap()
+    }
+
+    fn slice_pod(uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {
+                "nvidia.com/gpu": "1", "nvidia.com/gpumem": "100"}}}]}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_gpu_node_whose_handshake_must_be_requested_wakes_the_handshake_task() {
+        let handle = spawn_with_clock(model(), || NOW);
+        let mut due = handle.handshake_due();
+        let apply = |node: Node| handle.send(Command::ApplyNode(Box::new(node)));
+        let settled = || handle.quotas();
+
+        apply(gpu_node(
+            "stamped",
+            Some("Requesting_2025-07-12 01:12:00"),
+            "10",
+        ))
+        .await
+        .unwrap();
+        apply(serde_json::from_value(json!({"metadata": {"name": "cpu"}})).unwrap())
+            .await
+            .unwrap();
+        settled().await.unwrap();
+        assert!(!due.has_changed().unwrap(), "nothing to request");
+
+        apply(gpu_node("new", None, "0")).await.unwrap();
+        settled().await.unwrap();
+        assert!(
+            due.has_changed().unwrap(),
+            "a new GPU node is requested at once"
+        );
+        due.borrow_and_update();
+
+        // Back after Deleted_: requested at once too.
+        apply(gpu_node("back", Some("Deleted_2025-07-12 01:00:00"), "10"))
+            .await
+            .unwrap();
+        settled().await.unwrap();
+        assert!(due.has_changed().unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_owner_tells_the_model_the_time_before_each_filter() {
+        // The stamp is 20 s before NOW; the clock reads 59 s after it: the
+        // window (60 s) is still open.
+        let handle = spawn_with_clock(model(), || NOW + 39);
+        let stamped = gpu_node("n1", Some("Requesting_2025-07-12 01:12:00"), "0");
+        handle
+            .send(Command::ApplyNode(Box::new(stamped.clone())))
+            .await
+            .unwrap();
+        let n1: Arc<[String]> = Arc::from(vec!["n1".to_owned()]);
+        let placed = handle
+            .filter(slice_pod("a"), Arc::clone(&n1))
+            .await
+            .unwrap();
+        assert!(matches!(placed, FilterOutcome::Placed { .. }), "{placed:?}");
+
+        // A clock 60 s after the stamp: withdrawn before the filter runs.
+        let late = spawn_with_clock(model(), || NOW + 40);
+        late.send(Command::ApplyNode(Box::new(stamped)))
+            .await
+            .unwrap();
+        let refused = late.filter(slice_pod("a"), n1).await.unwrap();
+        let FilterOutcome::NoFit { failed } = refused else {
+            panic!("expected no fit: {refused:?}");
+        };
+        assert_eq!(failed["n1"], "node unregistered");
     }
 
     #[tokio::test]

@@ -2,6 +2,12 @@
 //! to the model or the binder, encode. Replies are always HTTP 200 with the
 //! error in `Error`, as kube-scheduler expects; only a body that is not a
 //! request at all gets 400.
+//!
+//! A filter that carries `Nodes` (full Node objects, as Cluster Autoscaler
+//! sends for its simulation, `nodeCacheCapable: false`) is a dry run, as in
+//! HAMi: the pod is checked against those objects, nothing is reserved or
+//! written, no event is emitted, and the nodes that pass come back in
+//! `Nodes`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,9 +17,12 @@ use kube::Client;
 use tracing::{info, warn};
 
 use super::bind::bind;
-use super::wire::{ExtenderBindingResult, ExtenderFilterResult, decode_bind, decode_filter};
+use super::wire::{
+    ExtenderArgs, ExtenderBindingResult, ExtenderFilterResult, NodeObject, decode_bind,
+    decode_filter, node_list,
+};
 use crate::body::Body;
-use crate::cache::model::FilterOutcome;
+use crate::cache::model::{DryRun, FilterOutcome};
 use crate::cache::owner::ModelHandle;
 use crate::events::{EventSink, PodEvent};
 use crate::metrics::Metrics;
@@ -73,6 +82,14 @@ async fn filter(body: Body, state: web::Data<ExtenderState>) -> HttpResponse {
             ..ExtenderFilterResult::default()
         });
     }
+    if args.nodes.is_some() {
+        let result = dry_run(args, &state).await;
+        state
+            .metrics
+            .filter_seconds
+            .observe(started.elapsed().as_secs_f64());
+        return HttpResponse::Ok().json(result);
+    }
     let pod_name = args.pod.metadata.name.clone().unwrap_or_default();
     let namespace = args.pod.metadata.namespace.clone().unwrap_or_default();
     let uid = args.pod.metadata.uid.clone().unwrap_or_default();
@@ -84,11 +101,8 @@ async fn filter(body: Body, state: web::Data<ExtenderState>) -> HttpResponse {
         reason,
         message,
     };
-    // Node objects in the request mean a simulation: decide, keep nothing.
-    let keep = args.nodes.is_none();
-    let (pod, names) = args.into_parts();
-    let candidates: Arc<[String]> = names.into();
-    let outcome = state.model.filter(pod, Arc::clone(&candidates), keep).await;
+    let candidates: Arc<[String]> = args.node_names.unwrap_or_default().into();
+    let outcome = state.model.filter(args.pod, Arc::clone(&candidates)).await;
     let result_label = match &outcome {
         Err(_) => "error",
         Ok(FilterOutcome::NoGpuRequested) => "no_gpu",
@@ -112,13 +126,11 @@ async fn filter(body: Body, state: web::Data<ExtenderState>) -> HttpResponse {
             failed,
         }) => {
             info!(pod = %pod_name, %namespace, %node, %devices, refused = failed.len(), "filter placed pod");
-            if keep {
-                state.events.emit(event(
-                    false,
-                    "FilteringSucceed",
-                    format!("find fit node({node}), {} nodes not fit", failed.len()),
-                ));
-            }
+            state.events.emit(event(
+                false,
+                "FilteringSucceed",
+                format!("find fit node({node}), {} nodes not fit", failed.len()),
+            ));
             ExtenderFilterResult {
                 node_names: Some(vec![node]),
                 failed_nodes: Some(failed),
@@ -127,15 +139,12 @@ async fn filter(body: Body, state: web::Data<ExtenderState>) -> HttpResponse {
         }
         Ok(FilterOutcome::NoFit { failed }) => {
             info!(pod = %pod_name, %namespace, reasons = ?failed, "filter found no node");
-            if keep {
-                let reasons: Vec<String> =
-                    failed.iter().map(|(n, r)| format!("{n}: {r}")).collect();
-                state.events.emit(event(
-                    true,
-                    "FilteringFailed",
-                    format!("no node fits: {}", reasons.join("; ")),
-                ));
-            }
+            let reasons: Vec<String> = failed.iter().map(|(n, r)| format!("{n}: {r}")).collect();
+            state.events.emit(event(
+                true,
+                "FilteringFailed",
+                format!("no node fits: {}", reasons.join("; ")),
+            ));
             ExtenderFilterResult {
                 node_names: Some(Vec::new()),
                 failed_nodes: Some(failed),
@@ -155,6 +164,75 @@ async fn filter(body: Body, state: web::Data<ExtenderState>) -> HttpResponse {
         .filter_seconds
         .observe(started.elapsed().as_secs_f64());
     HttpResponse::Ok().json(result)
+}
+
+/// The simulation path: the pod against the request's Node objects, with
+/// nothing reserved, written or emitted. The nodes that pass come back as
+/// sent, in `Nodes` (a caller with `nodeCacheCapable: false` reads only
+/// that); `NodeNames` stays `null`, as in HAMi.
+async fn dry_run(args: ExtenderArgs, state: &ExtenderState) -> ExtenderFilterResult {
+    let objects: Vec<NodeObject> = args.nodes.unwrap_or_default();
+    let pod_name = args.pod.metadata.name.clone().unwrap_or_default();
+    let namespace = args.pod.metadata.namespace.clone().unwrap_or_default();
+    let nodes = match objects
+        .iter()
+        .map(NodeObject::node)
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(nodes) => nodes,
+        Err(bad) => {
+            warn!(pod = %pod_name, %namespace, error = %bad, "dry-run filter: a Node object does not read");
+            Metrics::count(&state.metrics.filter_results, "invalid");
+            return ExtenderFilterResult {
+                error: bad.to_string(),
+                ..ExtenderFilterResult::default()
+            };
+        }
+    };
+    let outcome = state.model.dry_run(args.pod, nodes.into()).await;
+    let (label, result) = match outcome {
+        Err(gone) => (
+            "error",
+            ExtenderFilterResult {
+                error: gone.to_string(),
+                ..ExtenderFilterResult::default()
+            },
+        ),
+        Ok(DryRun::NoGpuRequested) => (
+            "no_gpu",
+            ExtenderFilterResult {
+                nodes: Some(node_list(&objects)),
+                ..ExtenderFilterResult::default()
+            },
+        ),
+        Ok(DryRun::Checked { fits, failed }) => {
+            info!(pod = %pod_name, %namespace, fits = fits.len(), reasons = ?failed, "dry-run filter");
+            (
+                if fits.is_empty() {
+                    "dry_run_no_fit"
+                } else {
+                    "dry_run_fit"
+                },
+                ExtenderFilterResult {
+                    nodes: Some(node_list(fits.iter().filter_map(|&i| objects.get(i)))),
+                    failed_nodes: Some(failed),
+                    ..ExtenderFilterResult::default()
+                },
+            )
+        }
+        Ok(DryRun::Invalid(why)) => {
+            warn!(pod = %pod_name, %namespace, %why, "pod requests cannot be read");
+            (
+                "invalid",
+                ExtenderFilterResult {
+                    error: why,
+                    ..ExtenderFilterResult::default()
+                },
+            )
+        }
+    };
+    Metrics::count(&state.metrics.filter_results, label);
+    result
 }
 
 async fn bind_route(body: Body, state: web::Data<ExtenderState>) -> HttpResponse {

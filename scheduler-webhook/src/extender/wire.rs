@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -38,36 +38,74 @@ pub enum BadRequest {
 pub struct ExtenderArgs {
     /// The pod being scheduled.
     pub pod: Pod,
-    /// Candidate node names (`nodeCacheCapable: true`).
+    /// Candidate node names (`nodeCacheCapable: true`: kube-scheduler's
+    /// live path).
     pub node_names: Option<Vec<String>>,
-    /// Candidate node objects (`nodeCacheCapable: false`); only their names are used.
-    pub nodes: Option<Vec<String>>,
+    /// Candidate Node objects (`nodeCacheCapable: false`: Cluster
+    /// Autoscaler's simulation, possibly of nodes that do not exist yet).
+    /// When set, the filter is a dry run and `node_names` is ignored, as
+    /// HAMi does.
+    pub nodes: Option<Vec<NodeObject>>,
+}
+
+/// One Node object of `ExtenderArgs.Nodes`: its name, the object as sent
+/// (echoed back in the reply's `Nodes`), and whether it reads as a Node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeObject {
+    /// `metadata.name`.
+    pub name: String,
+    /// The object exactly as sent.
+    pub raw: Value,
+}
+
+impl NodeObject {
+    /// The object as a Node.
+    ///
+    /// # Errors
+    /// A field has the wrong type, named in the message.
+    pub fn node(&self) -> Result<Node, BadNode> {
+        serde_json::from_value(self.raw.clone()).map_err(|e| BadNode {
+            name: self.name.clone(),
+            why: e.to_string(),
+        })
+    }
+}
+
+/// A Node object in `ExtenderArgs.Nodes` that does not read as a Node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Nodes: node {name:?} is not a valid Node object: {why}")]
+pub struct BadNode {
+    /// Its `metadata.name`.
+    pub name: String,
+    /// What is wrong.
+    pub why: String,
 }
 
 impl ExtenderArgs {
     /// The candidate node names, whichever form they came in.
     #[must_use]
-    pub fn candidates(&self) -> &[String] {
-        self.node_names
-            .as_deref()
-            .or(self.nodes.as_deref())
-            .unwrap_or(&[])
+    pub fn candidates(&self) -> Vec<&str> {
+        match (&self.nodes, &self.node_names) {
+            (Some(nodes), _) => nodes.iter().map(|n| n.name.as_str()).collect(),
+            (None, Some(names)) => names.iter().map(String::as_str).collect(),
+            (None, None) => Vec::new(),
+        }
     }
+}
 
-    /// The pod and the candidate node names, taken apart without copying
-    /// the names.
-    #[must_use]
-    pub fn into_parts(self) -> (Pod, Vec<String>) {
-        let names = self.node_names.or(self.nodes).unwrap_or_default();
-        (self.pod, names)
-    }
+/// The reply's `Nodes`: a `NodeList` of these objects, as sent.
+#[must_use]
+pub fn node_list<'a>(objects: impl IntoIterator<Item = &'a NodeObject>) -> Value {
+    let items: Vec<Value> = objects.into_iter().map(|n| n.raw.clone()).collect();
+    serde_json::json!({"metadata": {}, "items": items})
 }
 
 /// `ExtenderFilterResult`: the filter reply.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct ExtenderFilterResult {
-    /// Node objects that passed (unused with a node cache; always `null`).
+    /// Node objects that passed (a `NodeList`): set when the request
+    /// carried `Nodes`, `null` otherwise.
     pub nodes: Option<Value>,
     /// Names of the nodes that passed.
     pub node_names: Option<Vec<String>>,
@@ -166,22 +204,11 @@ impl ArgsField {
     }
 }
 
-/// `Nodes` as sent without a node cache: a `NodeList`, of which only the
-/// names are used.
+/// `Nodes` as sent without a node cache: a `NodeList`, whose items are
+/// kept as sent (read as Nodes only when used).
 #[derive(serde::Deserialize)]
-struct NodeListNames {
-    items: Vec<NamedObject>,
-}
-
-#[derive(serde::Deserialize)]
-struct NamedObject {
-    #[serde(default)]
-    metadata: NamedMeta,
-}
-
-#[derive(serde::Deserialize, Default)]
-struct NamedMeta {
-    name: Option<String>,
+struct RawNodeList {
+    items: Vec<Value>,
 }
 
 /// Reads `ExtenderArgs` straight from the body, without an intermediate
@@ -191,7 +218,7 @@ struct ArgsVisitor<'a> {
     reading: &'a std::cell::Cell<Option<ArgsField>>,
 }
 
-type RawArgs = (Option<Pod>, Option<Vec<String>>, Option<NodeListNames>);
+type RawArgs = (Option<Pod>, Option<Vec<String>>, Option<RawNodeList>);
 
 impl<'de> serde::de::DeserializeSeed<'de> for ArgsVisitor<'_> {
     type Value = RawArgs;
@@ -254,11 +281,19 @@ pub fn decode_filter(body: &[u8]) -> Result<ExtenderArgs, BadRequest> {
         .map(|list| {
             list.items
                 .into_iter()
-                .map(|n| {
-                    n.metadata.name.ok_or_else(|| BadRequest::Field {
-                        field: "Nodes",
-                        why: "a node has no metadata.name".to_owned(),
-                    })
+                .enumerate()
+                .map(|(i, raw)| {
+                    let name = raw
+                        .get("metadata")
+                        .and_then(|m| m.get("name"))
+                        .and_then(Value::as_str)
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_owned)
+                        .ok_or_else(|| BadRequest::Field {
+                            field: "Nodes",
+                            why: format!("item {i} has no metadata.name"),
+                        })?;
+                    Ok(NodeObject { name, raw })
                 })
                 .collect::<Result<Vec<_>, _>>()
         })

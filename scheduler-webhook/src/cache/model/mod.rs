@@ -9,7 +9,12 @@
 //! Every pod it knows has one record in the [`PodBook`]
 //! ([`super::pods`]), which moves the core ledger, the quota use and the
 //! `fgd` workload together; this module reads Kubernetes objects, keeps
-//! the nodes' registrations and asks [`schedule`].
+//! the nodes' registrations and asks [`schedule`]. Which GPU nodes the
+//! handshake lets it offer, as time passes, is the `health` submodule's.
+//!
+//! [`ClusterModel::dry_run`] answers a simulation (Cluster Autoscaler's
+//! `/filter` with `Nodes`) from the Node objects it is given, reading the
+//! model without changing it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -17,16 +22,17 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, Pod, ResourceQuota};
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::register;
 
+use self::health::Health;
 pub use self::overview::{FragmentationSnapshot, PendingPod};
 use super::pods::PodBook;
 pub use super::pods::{Decided, SliceSnapshot};
 use crate::convert::{
-    BadQuota, NodeAnnotations, NodeHandshake, allocation_of, is_finished, node_annotations,
-    pod_lite, quota_limits,
+    BadQuota, GpuOffer, NodeAnnotations, NodeHandshake, allocation_of, is_finished,
+    node_annotations, pod_lite, quota_limits,
 };
 use crate::core::fgd::{Shape, ShapeDistribution};
-use crate::core::model::{Cluster, Node, NodeId};
-use crate::core::policy::{Policy, SchedulerConfig, schedule};
+use crate::core::model::{Cluster, GpuUse, Node, NodeId};
+use crate::core::policy::{Policy, ScheduleError, SchedulerConfig, schedule};
 use crate::core::quota::QuotaStatus;
 use crate::core::request::{PodRequest, RequestConfig};
 use crate::core::rng::SplitMix64;
@@ -54,6 +60,26 @@ pub enum FilterOutcome {
     Invalid(String),
 }
 
+/// What a dry-run filter ([`ClusterModel::dry_run`]) concluded. Nothing
+/// was reserved or counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DryRun {
+    /// The pod asks for no GPU: every node passes.
+    NoGpuRequested,
+    /// Each node checked on its own.
+    Checked {
+        /// Positions (in the request's list) of the nodes the pod fits on.
+        fits: Vec<usize>,
+        /// The nodes it does not fit on, with HAMi-format reasons.
+        failed: BTreeMap<String, String>,
+    },
+    /// The pod's requests cannot be read.
+    Invalid(String),
+}
+
+/// The reason given for a node that offers no GPUs (HAMi's words).
+pub const UNREGISTERED: &str = "node unregistered";
+
 /// Scheduling configuration of the model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -77,6 +103,8 @@ pub struct ClusterModel {
     /// annotation), so the handshake pass reads the watch cache instead of
     /// listing every node.
     handshakes: BTreeMap<String, NodeHandshake>,
+    /// Which GPU nodes the handshake lets the filter offer, and the clock.
+    health: Health,
     /// Every pod known, with the quota use and the `fgd` workload.
     pods: PodBook,
     /// The pod book's filter count when the current pod relist started.
@@ -96,6 +124,20 @@ struct Resolved {
     ids: Vec<Option<NodeId>>,
     /// Nodes in the cluster when resolved.
     nodes: usize,
+}
+
+impl Resolved {
+    /// The node id of each candidate name (`None`: not in the cluster),
+    /// from the previous resolution when the list is the same.
+    fn resolve(&mut self, cluster: &Cluster, candidates: &[String]) -> &[Option<NodeId>] {
+        let nodes = cluster.nodes().len();
+        if self.nodes != nodes || self.names.as_slice() != candidates {
+            self.ids = candidates.iter().map(|n| cluster.node_id(n)).collect();
+            self.names = candidates.to_vec();
+            self.nodes = nodes;
+        }
+        &self.ids
+    }
 }
 
 /// One GPU's capacity and use, for metrics.
@@ -134,6 +176,7 @@ impl ClusterModel {
             config,
             registers: HashMap::new(),
             handshakes: BTreeMap::new(),
+            health: Health::default(),
             pod_relist_mark: 0,
             resolved: Resolved::default(),
         }
@@ -146,7 +189,9 @@ impl ClusterModel {
     }
 
     /// Applies a node from the watch. The register annotation is decoded
-    /// only when it changed; a node without one has no GPUs.
+    /// only when it changed; a node without one has no GPUs. Its handshake
+    /// decides, at the model's clock ([`Self::advance_clock`]), whether its
+    /// GPUs are offered ([`NodeHandshake::offer`]).
     ///
     /// # Errors
     /// The register annotation does not decode; the node keeps its previous GPUs.
@@ -159,6 +204,7 @@ impl ClusterModel {
             cordoned,
             handshake,
         } = node_annotations(node, &self.config.requests.names.resource_name);
+        self.health.apply(name, handshake.as_ref());
         match handshake {
             Some(h) => self.handshakes.insert(name.to_owned(), h),
             None => self.handshakes.remove(name),
@@ -196,6 +242,20 @@ impl ClusterModel {
         }
         self.registers.remove(name);
         self.handshakes.remove(name);
+        self.health.remove(name);
+    }
+
+    /// Tells the model the time (unix seconds; it reads no clock). GPU nodes
+    /// whose `Requesting_` window ended by then while they advertise no GPUs
+    /// stop being offered; their names are returned.
+    pub fn advance_clock(&mut self, now_unix: i64) -> Vec<String> {
+        self.health.advance(now_unix)
+    }
+
+    /// What the handshake reads from one GPU node.
+    #[must_use]
+    pub fn handshake_of(&self, name: &str) -> Option<&NodeHandshake> {
+        self.handshakes.get(name)
     }
 
     /// What the handshake reads from each GPU node, by name.
@@ -367,12 +427,14 @@ impl ClusterModel {
         }
     }
 
-    /// Every GPU with its use.
+    /// Every GPU offered, with its use (a node the handshake withdrew is
+    /// left out, as HAMi drops its devices).
     #[must_use]
     pub fn gpu_snapshot(&self) -> Vec<GpuSnapshot> {
         self.cluster
             .nodes()
             .iter()
+            .filter(|node| !self.health.is_withdrawn(&node.name))
             .flat_map(|node| {
                 node.gpus
                     .iter()
@@ -400,12 +462,13 @@ impl ClusterModel {
     }
 
     /// The candidates the model has no GPUs for: never seen by the watch,
-    /// or seen without a usable `hami.io/node-nvidia-register` (none yet,
-    /// or the handshake marked the node unhealthy).
+    /// seen without a `hami.io/node-nvidia-register`, or withdrawn by the
+    /// handshake (unhealthy).
     pub fn unregistered<'a>(&self, candidates: &'a [String]) -> impl Iterator<Item = &'a String> {
-        candidates
-            .iter()
-            .filter(|n| self.registers.get(n.as_str()).is_none_or(String::is_empty))
+        candidates.iter().filter(|n| {
+            self.registers.get(n.as_str()).is_none_or(String::is_empty)
+                || self.health.is_withdrawn(n)
+        })
     }
 
     /// Nodes known (for reconciling after a relist).
@@ -442,11 +505,14 @@ impl ClusterModel {
 
         let mut failed = BTreeMap::new();
         let mut ids = Vec::with_capacity(candidates.len());
-        for (name, id) in candidates.iter().zip(self.resolve(candidates)) {
+        let health = &self.health;
+        let withdrawn = health.any_withdrawn();
+        let resolved = self.resolved.resolve(&self.cluster, candidates);
+        for (name, id) in candidates.iter().zip(resolved) {
             match id {
-                Some(id) => ids.push(*id),
-                None => {
-                    failed.insert(name.clone(), "node unregistered".to_owned());
+                Some(id) if !(withdrawn && health.is_withdrawn(name)) => ids.push(*id),
+                _ => {
+                    failed.insert(name.clone(), UNREGISTERED.to_owned());
                 }
             }
         }
@@ -512,17 +578,119 @@ impl ClusterModel {
         }
     }
 
-    /// The node id of each candidate name (`None`: not registered), from
-    /// the previous filter's resolution when the list is the same.
-    fn resolve(&mut self, candidates: &[String]) -> &[Option<NodeId>] {
-        let nodes = self.cluster.nodes().len();
-        let r = &mut self.resolved;
-        if r.nodes != nodes || r.names.as_slice() != candidates {
-            r.ids = candidates.iter().map(|n| self.cluster.node_id(n)).collect();
-            r.names = candidates.to_vec();
-            r.nodes = nodes;
+    /// Checks a pod against Node objects that need not be in the model
+    /// (Cluster Autoscaler's template nodes): a simulation, which reserves
+    /// nothing, counts nothing and changes nothing.
+    ///
+    /// Each node's GPUs come from its own register annotation, cordon and
+    /// handshake (read at the model's clock), as the live filter reads a
+    /// node from the watch. A node the model knows by that name (a real
+    /// node) starts from the model's usage of the GPUs it still lists, less
+    /// what this pod itself holds there; any other node (a template) starts
+    /// empty. The namespace's quota room applies as in the live filter.
+    /// Each node is checked on its own, so every node the pod fits on
+    /// passes.
+    #[must_use]
+    pub fn dry_run(&self, pod: &Pod, nodes: &[KubeNode]) -> DryRun {
+        let lite = match pod_lite(pod) {
+            Ok(l) => l,
+            Err(e) => return DryRun::Invalid(e),
+        };
+        let mut request = match PodRequest::from_pod(&lite, &self.config.requests) {
+            Ok(r) => r,
+            Err(e) => return DryRun::Invalid(e.to_string()),
+        };
+        if !request.wants_gpu() {
+            return DryRun::NoGpuRequested;
         }
-        &r.ids
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        request.constraints.quota = self.pods.quota_room(namespace);
+        // Whether a pod fits a node does not depend on how nodes are ranked
+        // (and fgd's ranking needs an index of the live cluster).
+        request.node_policy = Some(Policy::Binpack);
+        let mut rng = SplitMix64::new(self.config.seed);
+        let mut fits = Vec::new();
+        let mut failed = BTreeMap::new();
+        for (position, object) in nodes.iter().enumerate() {
+            let name = object.metadata.name.clone().unwrap_or_default();
+            let node = match self.simulated_node(&name, object, &lite.uid) {
+                Ok(node) => node,
+                Err(why) => {
+                    failed.insert(name, why);
+                    continue;
+                }
+            };
+            let alone = Cluster::new(vec![node]);
+            match schedule(
+                &alone,
+                &request,
+                [0],
+                &self.config.scheduler,
+                None,
+                &mut rng,
+            ) {
+                Ok(_) => fits.push(position),
+                Err(ScheduleError::NoNodeFits { failed: refused }) => {
+                    let why = refused
+                        .first()
+                        .map_or_else(String::new, |(_, r)| r.to_string());
+                    failed.insert(name, why);
+                }
+                Err(e) => return DryRun::Invalid(e.to_string()),
+            }
+        }
+        DryRun::Checked { fits, failed }
+    }
+
+    /// One Node object of a dry run as a core node: its own GPUs, with the
+    /// model's usage when the model knows it (less what pod `uid` holds).
+    fn simulated_node(&self, name: &str, object: &KubeNode, uid: &str) -> Result<Node, String> {
+        let NodeAnnotations {
+            register: value,
+            cordoned,
+            handshake,
+        } = node_annotations(object, &self.config.requests.names.resource_name);
+        let offered =
+            handshake
+                .as_ref()
+                .is_none_or(|h| match h.offer(self.health.is_dropped(name)) {
+                    GpuOffer::Yes => true,
+                    GpuOffer::Until(end) => end > self.health.now(),
+                    GpuOffer::No => false,
+                });
+        if value.is_empty() || !offered {
+            return Err(UNREGISTERED.to_owned());
+        }
+        let devices = register::decode(&value)
+            .map_err(|e| format!("node register annotation does not decode: {e}"))?;
+        let mut node = Node::from_register(name, &devices);
+        if node.gpus.is_empty() {
+            return Err(UNREGISTERED.to_owned());
+        }
+        node.set_cordoned(&cordoned);
+        let Some(id) = self.cluster.node_id(name) else {
+            return Ok(node);
+        };
+        let Some(known) = self.cluster.node(id) else {
+            return Ok(node);
+        };
+        for (pos, gpu) in node.gpus.iter().enumerate() {
+            if let Some(at) = known.gpu_position(&gpu.uuid) {
+                node.usage[pos] = known.usage[at];
+            }
+        }
+        // HAMi fits a pod again without its own earlier reservation.
+        if let Some(own) = self.cluster.pod_usage(uid).filter(|u| u.node == id) {
+            for (at, held) in &own.gpus {
+                let Some(uuid) = known.gpus.get(*at).map(|g| g.uuid.as_str()) else {
+                    continue;
+                };
+                if let Some(pos) = node.gpu_position(uuid) {
+                    node.usage[pos] = less(node.usage[pos], *held);
+                }
+            }
+        }
+        Ok(node)
     }
 
     /// The filter decision waiting for this pod's bind.
@@ -572,6 +740,15 @@ impl ClusterModel {
     }
 }
 
+/// `a` less `b`, field by field, never below 0.
+fn less(a: GpuUse, b: GpuUse) -> GpuUse {
+    GpuUse {
+        used: a.used.saturating_sub(b.used),
+        usedmem: a.usedmem.saturating_sub(b.usedmem),
+        usedcores: a.usedcores.saturating_sub(b.usedcores),
+    }
+}
+
 /// The shape of a pod's requests, when they read and ask for a GPU.
 fn shape_of(pod: &Pod, requests: &RequestConfig) -> Option<Shape> {
     let lite = pod_lite(pod).ok()?;
@@ -579,6 +756,7 @@ fn shape_of(pod: &Pod, requests: &RequestConfig) -> Option<Shape> {
     request.wants_gpu().then(|| Shape::of_request(&request))
 }
 
+mod health;
 mod overview;
 #[cfg(test)]
 mod tests;

@@ -709,3 +709,240 @@ fn a_pod_relist_releases_what_pods_filtered_before_it_and_missing_from_it_reserv
     );
     model.check().unwrap();
 }
+
+// === the handshake: which GPU nodes are offered, as time passes ===
+
+const NOW: i64 = 1_752_282_740; // 2025-07-12 01:12:20 UTC
+
+/// `node` with this handshake value and allocatable `nvidia.com/gpu`.
+fn handshaken(mut node: KubeNode, handshake: Option<&str>, allocatable: Option<&str>) -> KubeNode {
+    if let Some(h) = handshake {
+        node.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(keys::NODE_HANDSHAKE.into(), h.into());
+    }
+    node.status = Some(
+        serde_json::from_value(json!({"allocatable":
+            allocatable.map_or(json!({}), |a| json!({"nvidia.com/gpu": a}))}))
+        .unwrap(),
+    );
+    node
+}
+
+fn refusal(outcome: &FilterOutcome, node: &str) -> String {
+    match outcome {
+        FilterOutcome::NoFit { failed } => failed[node].clone(),
+        other => panic!("expected no fit, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_node_whose_request_expired_without_allocatable_gpus_is_withdrawn_at_the_models_clock() {
+    let mut model = ClusterModel::new(config());
+    model.advance_clock(NOW);
+    // Stamped 20 s ago; its device plugin advertises nothing yet.
+    let stamped = handshaken(
+        kube_node("n1", 1, 1000),
+        Some("Requesting_2025-07-12 01:12:00"),
+        Some("0"),
+    );
+    model.apply_node(&stamped).unwrap();
+    assert!(matches!(
+        model.filter(&slice_pod("a", 100, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    assert!(model.release("a"));
+    // No node event: the window simply ends.
+    assert_eq!(model.advance_clock(NOW + 40), ["n1".to_owned()]);
+    let outcome = model.filter(&slice_pod("a", 100, 10), &names(&["n1"]));
+    assert_eq!(refusal(&outcome, "n1"), "node unregistered");
+    assert_eq!(model.unregistered(&names(&["n1"])).count(), 1);
+    // Its device plugin comes up: offered at once, before any new stamp.
+    model
+        .apply_node(&handshaken(
+            kube_node("n1", 1, 1000),
+            Some("Requesting_2025-07-12 01:12:00"),
+            Some("10"),
+        ))
+        .unwrap();
+    assert!(matches!(
+        model.filter(&slice_pod("a", 100, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    model.check().unwrap();
+}
+
+#[test]
+fn an_expired_request_seen_by_the_watch_withdraws_at_once_unless_gpus_are_allocatable() {
+    let mut model = ClusterModel::new(config());
+    model.advance_clock(NOW);
+    let old = Some("Requesting_2025-07-12 01:00:00");
+    model
+        .apply_node(&handshaken(kube_node("dead", 1, 1000), old, Some("0")))
+        .unwrap();
+    model
+        .apply_node(&handshaken(kube_node("absent", 1, 1000), old, None))
+        .unwrap();
+    model
+        .apply_node(&handshaken(kube_node("alive", 1, 1000), old, Some("10")))
+        .unwrap();
+    // Never stamped yet: HAMi counts it healthy (and stamps it).
+    model
+        .apply_node(&handshaken(kube_node("new", 1, 1000), None, Some("0")))
+        .unwrap();
+    let all = names(&["dead", "absent", "alive", "new"]);
+    let FilterOutcome::Placed { failed, .. } = model.filter(&slice_pod("a", 100, 10), &all) else {
+        panic!("expected a placement");
+    };
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert_eq!(failed["dead"], "node unregistered");
+    assert_eq!(failed["absent"], "node unregistered");
+    assert!(model.handshake_of("new").unwrap().needs_request());
+    assert!(!model.handshake_of("alive").unwrap().needs_request());
+}
+
+#[test]
+fn a_node_whose_allocatable_falls_to_zero_is_withdrawn_and_keeps_its_pods_for_its_return() {
+    let mut model = ClusterModel::new(config());
+    model.advance_clock(NOW);
+    let fresh = Some("Requesting_2025-07-12 01:12:10");
+    model
+        .apply_node(&handshaken(kube_node("n1", 1, 1000), fresh, Some("10")))
+        .unwrap();
+    model.apply_pod(&allocated(
+        slice_pod("held", 600, 10),
+        "n1",
+        "GPU-n1-0,NVIDIA,600,10:;",
+    ));
+    // The device plugin stops: withdrawn at once, though the stamp is fresh.
+    model
+        .apply_node(&handshaken(kube_node("n1", 1, 1000), fresh, Some("0")))
+        .unwrap();
+    let outcome = model.filter(&slice_pod("a", 100, 10), &names(&["n1"]));
+    assert_eq!(refusal(&outcome, "n1"), "node unregistered");
+    assert!(
+        model.gpu_snapshot().is_empty(),
+        "its GPUs leave the metrics"
+    );
+    // It comes back: the pod on it still holds its 600 MiB.
+    model
+        .apply_node(&handshaken(kube_node("n1", 1, 1000), fresh, Some("10")))
+        .unwrap();
+    let outcome = model.filter(&slice_pod("b", 600, 10), &names(&["n1"]));
+    assert_eq!(refusal(&outcome, "n1"), "1/1 CardInsufficientMemory");
+    assert_eq!(model.gpu_snapshot()[0].used_memory_mib, 600);
+    assert!(matches!(
+        model.filter(&slice_pod("c", 400, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    model.check().unwrap();
+}
+
+// === dry runs: Cluster Autoscaler's Node objects ===
+
+/// `node` renamed, as Cluster Autoscaler names a template copied from it.
+fn renamed(mut node: KubeNode, name: &str) -> KubeNode {
+    node.metadata.name = Some(name.to_owned());
+    node
+}
+
+#[test]
+fn a_dry_run_passes_a_template_node_and_reserves_writes_and_counts_nothing() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+    let gpus = model.gpu_snapshot();
+    let workload = model.workload().clone();
+    let template = kube_node("template-node-for-pool-a-1234", 1, 16384);
+    let outcome = model.dry_run(&slice_pod("p", 8000, 50), &[template]);
+    assert_eq!(
+        outcome,
+        DryRun::Checked {
+            fits: vec![0],
+            failed: BTreeMap::new()
+        }
+    );
+    assert!(model.decision("p").is_none(), "nothing for a bind to find");
+    assert_eq!(model.gpu_snapshot(), gpus, "usage unchanged");
+    assert_eq!(*model.workload(), workload, "not counted as demand");
+    assert!(
+        model
+            .cluster()
+            .node_id("template-node-for-pool-a-1234")
+            .is_none()
+    );
+    model.check().unwrap();
+}
+
+#[test]
+fn a_dry_run_gives_hami_reasons_for_nodes_the_pod_does_not_fit() {
+    let model = ClusterModel::new(config());
+    let small = kube_node("small", 2, 1000);
+    let bare: KubeNode = serde_json::from_value(json!({"metadata": {"name": "bare"}})).unwrap();
+    let broken: KubeNode = serde_json::from_value(json!({"metadata": {"name": "broken",
+        "annotations": {keys::NODE_NVIDIA_REGISTER: "[{\"id\":"}}}))
+    .unwrap();
+    let deleted = handshaken(
+        kube_node("deleted", 1, 16384),
+        Some("Deleted_2025-07-12 01:12:20"),
+        Some("1"),
+    );
+    let big = kube_node("big", 1, 16384);
+    let DryRun::Checked { fits, failed } = model.dry_run(
+        &slice_pod("p", 2000, 10),
+        &[small, bare, broken, deleted, big],
+    ) else {
+        panic!("expected a check");
+    };
+    assert_eq!(fits, [4]);
+    assert_eq!(failed["small"], "2/2 CardInsufficientMemory");
+    assert_eq!(failed["bare"], "node unregistered");
+    assert!(
+        failed["broken"].starts_with("node register annotation does not decode"),
+        "{}",
+        failed["broken"]
+    );
+    assert_eq!(failed["deleted"], "node unregistered");
+    assert_eq!(
+        model.dry_run(&pod_without_gpu(), &[kube_node("x", 1, 1)]),
+        DryRun::NoGpuRequested
+    );
+}
+
+fn pod_without_gpu() -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "plain", "namespace": "ns", "uid": "plain"},
+        "spec": {"containers": [{"name": "c"}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_dry_run_on_a_real_node_counts_its_usage_but_not_the_pods_own_reservation() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+    assert!(matches!(
+        model.filter(&slice_pod("a", 600, 10), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    let real = kube_node("n1", 1, 1000);
+    // Another pod: the 600 MiB reserved on n1 count.
+    let DryRun::Checked { fits, failed } = model.dry_run(
+        &slice_pod("b", 600, 10),
+        &[real.clone(), renamed(real.clone(), "template-n1")],
+    ) else {
+        panic!("expected a check");
+    };
+    assert_eq!(fits, [1], "only the empty template fits");
+    assert_eq!(failed["n1"], "1/1 CardInsufficientMemory");
+    // The pod itself: its own reservation is not in its way.
+    assert_eq!(
+        model.dry_run(&slice_pod("a", 600, 10), std::slice::from_ref(&real)),
+        DryRun::Checked {
+            fits: vec![0],
+            failed: BTreeMap::new()
+        }
+    );
+    assert_eq!(model.decision("a").map(|d| d.node.as_str()), Some("n1"));
+    model.check().unwrap();
+}
