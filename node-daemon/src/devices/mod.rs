@@ -50,6 +50,7 @@ impl Gpu {
             numa: self.numa,
             mode: proto::hami::register::MODE_HAMI_CORE.to_owned(),
             health: self.healthy,
+            mig_profiles: Vec::new(),
         }
     }
 }

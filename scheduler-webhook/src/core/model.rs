@@ -281,6 +281,7 @@ pub(crate) mod testutil {
             numa: 0,
             mode: "hami-core".to_owned(),
             health: true,
+            mig_profiles: Vec::new(),
         }
     }
 
