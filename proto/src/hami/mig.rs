@@ -516,22 +516,28 @@ mod tests {
 
     #[test]
     fn placements_overlap_like_intervals_and_masks() {
-        let a = MigPlacement { start: 0, size: 4 };
-        let b = MigPlacement { start: 4, size: 4 };
-        let c = MigPlacement { start: 3, size: 1 };
-        assert!(!a.overlaps(b));
-        assert!(a.overlaps(c));
-        assert_eq!(a.mask(), Some(0b1111));
-        assert_eq!(b.mask(), Some(0b1111_0000));
+        let low = MigPlacement { start: 0, size: 4 };
+        let high = MigPlacement { start: 4, size: 4 };
+        let one = MigPlacement { start: 3, size: 1 };
+        assert!(!low.overlaps(high));
+        assert!(low.overlaps(one));
+        assert_eq!(low.mask(), Some(0b1111));
+        assert_eq!(high.mask(), Some(0b1111_0000));
         assert_eq!(MigPlacement { start: 31, size: 2 }.mask(), None);
-        for x in 0..8 {
-            for xs in 1..4 {
-                for y in 0..8 {
-                    for ys in 1..4 {
-                        let p = MigPlacement { start: x, size: xs };
-                        let q = MigPlacement { start: y, size: ys };
-                        let by_mask = p.mask().unwrap() & q.mask().unwrap() != 0;
-                        assert_eq!(p.overlaps(q), by_mask);
+        for s1 in 0..8 {
+            for n1 in 1..4 {
+                for s2 in 0..8 {
+                    for n2 in 1..4 {
+                        let first = MigPlacement {
+                            start: s1,
+                            size: n1,
+                        };
+                        let second = MigPlacement {
+                            start: s2,
+                            size: n2,
+                        };
+                        let by_mask = first.mask().unwrap() & second.mask().unwrap() != 0;
+                        assert_eq!(first.overlaps(second), by_mask);
                     }
                 }
             }
