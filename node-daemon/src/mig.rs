@@ -44,7 +44,7 @@ pub fn apply(
     mig_gpus: &[String],
     instance: impl Fn(usize, &str) -> String,
 ) {
-    let is_mig = |d: &ContainerDevice| mig_gpus.iter().any(|g| *g == d.uuid);
+    let is_mig = |d: &ContainerDevice| mig_gpus.contains(&d.uuid);
     if !devices.iter().any(is_mig) {
         return;
     }
