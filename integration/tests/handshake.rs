@@ -41,6 +41,7 @@ fn register() -> String {
         numa: 0,
         mode: "hami-core".into(),
         health: true,
+        mig_profiles: Vec::new(),
     };
     register::encode_json(&[device]).unwrap()
 }

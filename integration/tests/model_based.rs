@@ -151,6 +151,7 @@ fn kube_node(name: &str) -> Node {
             numa: 0,
             mode: "hami-core".into(),
             health: true,
+            mig_profiles: Vec::new(),
         })
         .collect();
     serde_json::from_value(json!({"metadata": {"name": name, "annotations": {

@@ -198,6 +198,11 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     let gpus = Shaping::from(&settings).advertise(&devices.discover()?)?;
     info!(node = %node, gpus = gpus.len(), split = settings.device_split_count, "GPUs discovered");
 
+    let mig_gpus: Vec<String> = gpus
+        .iter()
+        .filter(|g| !g.mig_profiles.is_empty())
+        .map(|g| g.uuid.clone())
+        .collect();
     let clock = CommitClock::new();
     let pods = cluster.pods_on_node(&node).await?;
     let gpu_pool = GpuPool::start(
@@ -232,6 +237,7 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
         contract: ContractSettings {
             hook_path: settings.hook_path.clone(),
             device_memory_scaling: settings.device_memory_scaling,
+            mig_gpus,
         },
         names: Arc::new(names_tx),
     };

@@ -34,6 +34,7 @@ pub mod epoch;
 pub mod grpc;
 pub mod ledger;
 pub mod metrics;
+pub mod mig;
 pub mod registrar;
 pub mod settings;
 pub mod telemetry;

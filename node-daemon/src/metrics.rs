@@ -236,6 +236,7 @@ mod tests {
             split_count: 10,
             numa: 0,
             healthy: true,
+            mig_profiles: Vec::new(),
         };
         let mut ledger = SliceLedger::new(Capacity {
             slots: 10,

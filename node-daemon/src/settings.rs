@@ -22,6 +22,21 @@ pub enum DeviceSourceKind {
     Simulated,
 }
 
+/// How the node shares its GPUs (HAMi's per-node `operatingmode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+pub enum OperatingMode {
+    /// HAMi-core slices (memory and compute limits in the container).
+    #[default]
+    #[serde(rename = "hami-core")]
+    #[value(name = "hami-core")]
+    HamiCore,
+    /// MIG instances on MIG-capable GPUs (A100, H100, A30); other GPUs stay
+    /// in `hami-core` mode. Simulated source only for now (see docs/mig.md).
+    #[serde(rename = "mig")]
+    #[value(name = "mig")]
+    Mig,
+}
+
 /// One simulated GPU, for heterogeneous simulated nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -67,6 +82,8 @@ pub struct Settings {
     pub simulated_gpu_list: Vec<SimulatedGpu>,
     /// How many pods may share one GPU.
     pub device_split_count: u32,
+    /// `hami-core` or `mig` (HAMi's `operatingmode`).
+    pub operating_mode: OperatingMode,
     /// Factor applied to each GPU's memory (above 1 oversubscribes).
     pub device_memory_scaling: f64,
     /// Factor applied to each GPU's cores.
@@ -99,6 +116,7 @@ impl Default for Settings {
             simulated_gpu_memory_mib: 40960,
             simulated_gpu_list: Vec::new(),
             device_split_count: 10,
+            operating_mode: OperatingMode::HamiCore,
             device_memory_scaling: 1.0,
             device_core_scaling: 1.0,
             pre_configured_device_memory: None,
@@ -117,6 +135,12 @@ pub enum InvalidSetting {
     /// No node name from flags, config or `$NODE_NAME`.
     #[error("nodeName is required: pass --node-name or set NODE_NAME")]
     NodeName,
+    /// MIG mode with the NVML source: creating GPU instances through NVML
+    /// is not implemented (it cannot be tested without a MIG-capable GPU).
+    #[error(
+        "operatingMode mig needs deviceSource simulated: MIG through NVML is not implemented yet (see docs/mig.md)"
+    )]
+    MigNeedsSimulated,
     /// A zero split count.
     #[error("deviceSplitCount must be at least 1")]
     SplitCount,
@@ -165,6 +189,10 @@ impl Settings {
                 return Err(InvalidSetting::Scaling { key, value });
             }
         }
+        if self.operating_mode == OperatingMode::Mig && self.device_source == DeviceSourceKind::Nvml
+        {
+            return Err(InvalidSetting::MigNeedsSimulated);
+        }
         if self.device_source == DeviceSourceKind::Simulated {
             if self.simulated_gpus == 0 && self.simulated_gpu_list.is_empty() {
                 return Err(InvalidSetting::NoSimulatedGpus);
@@ -212,6 +240,9 @@ pub struct Flags {
     /// How many pods may share one GPU [default: 10].
     #[arg(long)]
     pub device_split_count: Option<u32>,
+    /// `hami-core` or `mig` [default: hami-core].
+    #[arg(long, value_enum)]
+    pub operating_mode: Option<OperatingMode>,
     /// Factor applied to each GPU's memory [default: 1].
     #[arg(long)]
     pub device_memory_scaling: Option<f64>,
@@ -300,6 +331,25 @@ mod tests {
         assert!((s.device_memory_scaling - 1.5).abs() < f64::EPSILON);
         assert_eq!(s.filter_devices.index, vec![3]);
         assert_eq!(s.simulated_gpu_list[1].numa, 1);
+    }
+
+    #[test]
+    fn mig_mode_parses_and_needs_the_simulated_source() {
+        let s = from_yaml("operatingMode: mig\ndeviceSource: simulated\nsimulatedGpus: 2\n")
+            .unwrap()
+            .finish(Some("n".into()))
+            .unwrap();
+        assert_eq!(s.operating_mode, OperatingMode::Mig);
+        let nvml = from_yaml("operatingMode: mig\n")
+            .unwrap()
+            .finish(Some("n".into()));
+        assert_eq!(nvml, Err(InvalidSetting::MigNeedsSimulated));
+        assert_eq!(
+            flags(&["--operating-mode", "hami-core"])
+                .unwrap()
+                .operating_mode,
+            Some(OperatingMode::HamiCore)
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ fn v100(id: &str, index: u32, numa: u32) -> NodeDevice {
         numa,
         mode: "hami-core".to_owned(),
         health: true,
+        mig_profiles: Vec::new(),
     }
 }
 

@@ -45,6 +45,7 @@ fn node_device(text: &'static str) -> impl Strategy<Value = NodeDevice> {
                 numa,
                 mode,
                 health,
+                mig_profiles: Vec::new(),
             },
         )
 }

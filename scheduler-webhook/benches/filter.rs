@@ -37,6 +37,7 @@ fn cluster(nodes: usize, seed: u64) -> Cluster {
                 numa: i / 4,
                 mode: "hami-core".to_owned(),
                 health: true,
+                mig_profiles: Vec::new(),
             })
             .collect();
         let mut node = Node::from_register(&name, &devices);

@@ -47,6 +47,7 @@ fn node(name: &str, gpus: u32) -> Node {
             numa: 0,
             mode: "hami-core".into(),
             health: true,
+            mig_profiles: Vec::new(),
         })
         .collect();
     let annotations = if gpus == 0 {

@@ -243,6 +243,7 @@ fn gpu_node() -> Value {
         numa: 0,
         mode: "hami-core".to_owned(),
         health: true,
+        mig_profiles: Vec::new(),
     };
     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": GPU_NODE,
         "resourceVersion": "1",

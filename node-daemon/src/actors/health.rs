@@ -82,6 +82,7 @@ mod tests {
             split_count: 2,
             numa: 0,
             healthy: true,
+            mig_profiles: Vec::new(),
         }
     }
 

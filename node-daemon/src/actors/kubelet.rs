@@ -56,6 +56,8 @@ pub struct ContractSettings {
     pub hook_path: PathBuf,
     /// `deviceMemoryScaling`.
     pub device_memory_scaling: f64,
+    /// UUIDs of the GPUs in MIG mode (their devices are MIG instances).
+    pub mig_gpus: Vec<String>,
 }
 
 /// Everything an Allocate needs; cheap to clone into the response future.
@@ -252,7 +254,14 @@ impl Allocator {
                 format!("{}_{}", pod.uid, plan.container),
             )
         };
-        let slice = container_env_and_mounts(&plan.devices, &ctx).map_err(PodFailure::Contract)?;
+        let mut slice =
+            container_env_and_mounts(&plan.devices, &ctx).map_err(PodFailure::Contract)?;
+        crate::mig::apply(
+            &mut slice,
+            &plan.devices,
+            &self.contract.mig_gpus,
+            |device, gpu| crate::mig::simulated_mig_uuid(gpu, &pod.uid, plan.container, device),
+        );
         let dir = self
             .contract
             .hook_path

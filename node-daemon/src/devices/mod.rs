@@ -34,6 +34,9 @@ pub struct Gpu {
     pub numa: u32,
     /// Whether the GPU is usable.
     pub healthy: bool,
+    /// In MIG mode, the GPU instance profiles it offers (empty: HAMi-core
+    /// slices).
+    pub mig_profiles: Vec<proto::hami::mig::MigProfile>,
 }
 
 impl Gpu {
@@ -48,8 +51,14 @@ impl Gpu {
             devcore: self.cores,
             device_type: self.device_type.clone(),
             numa: self.numa,
-            mode: proto::hami::register::MODE_HAMI_CORE.to_owned(),
+            mode: if self.mig_profiles.is_empty() {
+                proto::hami::register::MODE_HAMI_CORE
+            } else {
+                proto::hami::register::MODE_MIG
+            }
+            .to_owned(),
             health: self.healthy,
+            mig_profiles: self.mig_profiles.clone(),
         }
     }
 }
@@ -132,6 +141,8 @@ pub struct Shaping {
     pub pre_configured_memory_mib: Option<u32>,
     /// `filterDevices`.
     pub filter: FilterDevices,
+    /// MIG mode: MIG-capable models get their profiles.
+    pub mig: bool,
 }
 
 impl From<&Settings> for Shaping {
@@ -142,6 +153,7 @@ impl From<&Settings> for Shaping {
             core_scaling: s.device_core_scaling,
             pre_configured_memory_mib: s.pre_configured_device_memory,
             filter: s.filter_devices.clone(),
+            mig: s.operating_mode == crate::settings::OperatingMode::Mig,
         }
     }
 }
@@ -184,6 +196,31 @@ impl Shaping {
         let memory = gpu
             .memory_mib
             .or(self.pre_configured_memory_mib.map(u64::from))?;
+        let mig_profiles = if self.mig {
+            proto::hami::mig::known_profiles(&gpu.model).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        if !mig_profiles.is_empty() {
+            // HAMi in MIG mode: no scaling; one slot per instance of the
+            // profile with the most instances.
+            let slots = mig_profiles
+                .iter()
+                .map(proto::hami::mig::MigProfile::instance_count)
+                .max()
+                .unwrap_or(1);
+            return Some(Gpu {
+                uuid: gpu.uuid.clone(),
+                index: gpu.index,
+                device_type: device_type(&gpu.model),
+                memory_mib: u32::try_from(memory).unwrap_or(u32::MAX),
+                cores: 100,
+                split_count: slots,
+                numa: u32::try_from(gpu.numa).unwrap_or(0),
+                healthy: true,
+                mig_profiles,
+            });
+        }
         Some(Gpu {
             uuid: gpu.uuid.clone(),
             index: gpu.index,
@@ -193,6 +230,7 @@ impl Shaping {
             split_count: self.split_count,
             numa: u32::try_from(gpu.numa).unwrap_or(0),
             healthy: true,
+            mig_profiles: Vec::new(),
         })
     }
 
@@ -223,6 +261,7 @@ mod tests {
             core_scaling: 1.0,
             pre_configured_memory_mib: None,
             filter: FilterDevices::default(),
+            mig: false,
         }
     }
 
@@ -234,6 +273,26 @@ mod tests {
             memory_mib: memory,
             numa: -1,
         }
+    }
+
+    #[test]
+    fn mig_mode_advertises_mig_capable_models_with_their_profiles() {
+        let s = Shaping {
+            mig: true,
+            memory_scaling: 2.0,
+            ..shaping()
+        };
+        let a100 = s
+            .apply(&reported(0, "NVIDIA A100-SXM4-40GB", Some(40_960)))
+            .unwrap();
+        assert_eq!(a100.split_count, 7, "the most instances of one profile");
+        assert_eq!(a100.memory_mib, 40_960, "no scaling in MIG mode");
+        let dev = a100.node_device();
+        assert_eq!(dev.mode, "mig");
+        assert_eq!(dev.mig_profiles[0].name, "1g.5gb");
+        let t4 = s.apply(&reported(1, "Tesla T4", Some(15_360))).unwrap();
+        assert_eq!(t4.node_device().mode, "hami-core");
+        assert!(t4.mig_profiles.is_empty());
     }
 
     #[test]

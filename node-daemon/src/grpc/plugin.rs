@@ -247,6 +247,7 @@ mod tests {
             split_count: 3,
             numa,
             healthy,
+            mig_profiles: Vec::new(),
         };
         let list = advertised_devices(&[gpu("GPU-a", true, 0), gpu("GPU-b", false, 1)]);
         let ids: Vec<&str> = list.devices.iter().map(|d| d.id.as_str()).collect();

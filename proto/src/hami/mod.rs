@@ -12,6 +12,7 @@
 //! | [`register`] | node device list (`hami.io/node-nvidia-register`) |
 //! | [`handshake`] | `hami.io/node-handshake` values |
 //! | [`node_lock`] | `hami.io/mutex.lock` values |
+//! | [`mig`] | MIG profiles, placements and `hami.io/vgpu-mig-allocations` |
 //! | [`pod_devices`] | `hami.io/vgpu-devices-{to-allocate,allocated}` |
 //! | [`bind`] | `hami.io/bind-phase`, `hami.io/bind-time` (and `vgpu-time`) |
 //! | [`container_contract`] | env and mounts for HAMi-core in a container |
@@ -30,6 +31,7 @@ pub mod civil_time;
 pub mod container_contract;
 pub mod handshake;
 pub mod keys;
+pub mod mig;
 pub mod node_lock;
 pub mod pod_devices;
 pub mod register;

@@ -5,10 +5,10 @@
 //! - **JSON (v2.8+), written and read.** [`encode_json`] produces exactly the
 //!   bytes Go's `encoding/json` writes for HAMi's `DeviceInfo` with every key
 //!   `omitempty`: keys in the order `id,index,count,devmem,devcore,type,numa,
-//!   mode,health`, zero numbers, `false` and empty strings left out, no
+//!   mode,migProfiles,health`, zero numbers, `false` and empty strings left out, no
 //!   spaces, Go's string escaping (`<`, `>`, `&`, U+2028 and U+2029 as
 //!   `\u003c`…). [`decode_json`] reads a missing key (or `null`) as 0, false
-//!   or empty, ignores unknown keys (`migProfiles`, …), matches key names
+//!   or empty, reads `migProfiles` (MIG mode, v2.10; after `mode`), ignores unknown keys, matches key names
 //!   case-insensitively like Go, and rejects negative, fractional and
 //!   overflowing numbers.
 //! - **Legacy (≤v2.7), read only.** [`decode_legacy`] reads
@@ -27,6 +27,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use super::mig::{self, MigProfile};
 use super::snippet;
 
 /// One GPU as the device plugin publishes it in the node register annotation.
@@ -50,6 +51,9 @@ pub struct NodeDevice {
     pub mode: String,
     /// Whether the GPU is healthy.
     pub health: bool,
+    /// In `mig` mode, the GPU instance profiles the GPU offers
+    /// (`migProfiles`, HAMi v2.10); empty otherwise.
+    pub mig_profiles: Vec<MigProfile>,
 }
 
 /// The default sharing mode, and the mode of every 7-field legacy entry.
@@ -138,7 +142,7 @@ pub enum RegisterError {
 /// let gpu = NodeDevice {
 ///     id: "GPU-a".into(), index: 0, count: 10, devmem: 32768, devcore: 100,
 ///     device_type: "NVIDIA-Tesla T4".into(), numa: 0, mode: "hami-core".into(),
-///     health: true,
+///     health: true, mig_profiles: vec![],
 /// };
 /// assert_eq!(
 ///     encode_json(&[gpu]).unwrap(),
@@ -206,6 +210,10 @@ pub fn encode_json(devices: &[NodeDevice]) -> Result<String, RegisterError> {
         if !dev.mode.is_empty() {
             key(&mut out, "mode");
             push_go_json_string(&mut out, &dev.mode);
+        }
+        if !dev.mig_profiles.is_empty() {
+            key(&mut out, "migProfiles");
+            mig::push_profiles_json(&mut out, &dev.mig_profiles);
         }
         if dev.health {
             key(&mut out, "health");
@@ -301,6 +309,7 @@ pub fn decode_legacy(value: &str) -> Result<Vec<NodeDevice>, RegisterError> {
                 reason: format!("invalid bool {:?}", snippet(field(6))),
             })?,
             mode,
+            mig_profiles: Vec::new(),
         });
     }
     Ok(devices)
@@ -357,8 +366,17 @@ fn legacy_number(
 }
 
 /// The JSON keys of `DeviceInfo` this module reads.
-const JSON_KEYS: [&str; 9] = [
-    "id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health",
+const JSON_KEYS: [&str; 10] = [
+    "id",
+    "index",
+    "count",
+    "devmem",
+    "devcore",
+    "type",
+    "numa",
+    "mode",
+    "migProfiles",
+    "health",
 ];
 
 fn device_from_json(device: usize, item: &Value) -> Result<NodeDevice, RegisterError> {
@@ -378,6 +396,7 @@ fn device_from_json(device: usize, item: &Value) -> Result<NodeDevice, RegisterE
         numa: 0,
         mode: String::new(),
         health: false,
+        mig_profiles: Vec::new(),
     };
     for (key, value) in map {
         // Go matches a key exactly first, then case-insensitively.
@@ -396,6 +415,24 @@ fn device_from_json(device: usize, item: &Value) -> Result<NodeDevice, RegisterE
             "id" => out.id = json_string(device, field, value)?,
             "type" => out.device_type = json_string(device, field, value)?,
             "mode" => out.mode = json_string(device, field, value)?,
+            "migProfiles" => {
+                let Value::Array(items) = value else {
+                    return Err(RegisterError::Field {
+                        device,
+                        field,
+                        reason: format!("expected an array, found {}", json_kind(value)),
+                    });
+                };
+                out.mig_profiles = items
+                    .iter()
+                    .map(mig::profile_from_json)
+                    .collect::<Result<_, _>>()
+                    .map_err(|reason| RegisterError::Field {
+                        device,
+                        field,
+                        reason,
+                    })?;
+            }
             "health" => {
                 out.health = value.as_bool().ok_or_else(|| RegisterError::Field {
                     device,
@@ -509,6 +546,7 @@ mod tests {
             numa: 0,
             mode: MODE_HAMI_CORE.to_owned(),
             health: true,
+            mig_profiles: Vec::new(),
         }
     }
 
@@ -524,6 +562,7 @@ mod tests {
             numa: 0,
             mode: String::new(),
             health: false,
+            mig_profiles: Vec::new(),
         };
         let text = encode_json(std::slice::from_ref(&zero)).unwrap();
         assert_eq!(text, "[{}]");

@@ -16,6 +16,7 @@
 
 use std::fmt;
 
+use crate::core::mig;
 use crate::core::model::{Gpu, GpuUse, Node};
 use crate::core::request::{Constraints, DeviceRequest, PodRequest};
 
@@ -52,12 +53,15 @@ pub enum Reason {
     InsufficientCpu,
     /// Not enough free memory on the node (simulation only).
     InsufficientMemory,
+    /// A GPU in `mig` mode with no profile holding the request at a free
+    /// placement.
+    CardMigTopologyInfeasible,
 }
 
 impl Reason {
     /// Every reason, in the order they are reported (alphabetical, so
     /// messages are stable; HAMi's order is Go map order).
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::AllocatedCardsInsufficientRequest,
         Self::CardComputeUnitsExhausted,
         Self::CardCordoned,
@@ -73,6 +77,7 @@ impl Reason {
         Self::ResourceQuotaNotFit,
         Self::InsufficientCpu,
         Self::InsufficientMemory,
+        Self::CardMigTopologyInfeasible,
     ];
 
     /// HAMi's name for it.
@@ -94,6 +99,7 @@ impl Reason {
             Self::ResourceQuotaNotFit => "ResourceQuotaNotFit",
             Self::InsufficientCpu => "Insufficient cpu",
             Self::InsufficientMemory => "Insufficient memory",
+            Self::CardMigTopologyInfeasible => "CardMigTopologyInfeasible",
         }
     }
 
@@ -229,6 +235,35 @@ pub fn check_gpu(
     })
 }
 
+/// [`check_gpu`], then on a GPU in `mig` mode the instance: the pick is
+/// charged the chosen profile's memory and cores (HAMi's
+/// `AddResourceUsage`), or the GPU is refused with
+/// [`Reason::CardMigTopologyInfeasible`]. `taken` is the GPU's occupied
+/// MIG slice mask.
+///
+/// # Errors
+/// The [`Reason`] the GPU is skipped for.
+pub fn check_gpu_mig(
+    gpu: &Gpu,
+    used: &GpuUse,
+    taken: u32,
+    req: &DeviceRequest,
+    c: &Constraints,
+) -> Result<Pick, Reason> {
+    let p = check_gpu(gpu, used, req, c)?;
+    if !mig::is_mig(gpu) {
+        return Ok(p);
+    }
+    let choice =
+        mig::choose(&gpu.mig, taken, p.usedmem).ok_or(Reason::CardMigTopologyInfeasible)?;
+    let profile = &gpu.mig[choice.profile];
+    Ok(Pick {
+        usedmem: u64::from(profile.memory_mb),
+        usedcores: profile.core,
+        ..p
+    })
+}
+
 /// Fits one container: walks `order` from the end and picks `req.nums`
 /// GPUs.
 ///
@@ -237,6 +272,19 @@ pub fn check_gpu(
 pub fn fit_container(
     node: &Node,
     usage: &[GpuUse],
+    order: &[usize],
+    req: &DeviceRequest,
+    c: &Constraints,
+) -> Result<Vec<Pick>, FitFailure> {
+    fit_container_on(node, usage, &node.mig_slices, order, req, c)
+}
+
+/// [`fit_container`] with `mig_slices`, the MIG slices taken per GPU
+/// position (the node's, plus earlier containers' of this pod).
+fn fit_container_on(
+    node: &Node,
+    usage: &[GpuUse],
+    mig_slices: &[u32],
     order: &[usize],
     req: &DeviceRequest,
     c: &Constraints,
@@ -267,7 +315,8 @@ pub fn fit_container(
             }
             prev_numa = Some(gpu.numa);
         }
-        match check_gpu(gpu, used, req, c) {
+        let taken = mig_slices.get(pos).copied().unwrap_or(0);
+        match check_gpu_mig(gpu, used, taken, req, c) {
             Err(r) => fail.add(r, 1),
             Ok(p) => {
                 if let Some(left) = room.as_mut()
@@ -326,8 +375,8 @@ fn check_container(node: &Node, req: &DeviceRequest, c: &Constraints) -> Result<
     }
     let mut fail = FitFailure::new(cards);
     let mut fits = 0;
-    for (gpu, used) in node.gpus.iter().zip(&node.usage) {
-        match check_gpu(gpu, used, req, c) {
+    for ((gpu, used), taken) in node.gpus.iter().zip(&node.usage).zip(&node.mig_slices) {
+        match check_gpu_mig(gpu, used, *taken, req, c) {
             Err(r) => fail.add(r, 1),
             Ok(_) => {
                 fits += 1;
@@ -392,6 +441,8 @@ pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPick
         });
     }
     let mut working: Option<Vec<GpuUse>> = None;
+    // MIG slices the pod's earlier app containers take (like `working`).
+    let mut working_mig: Option<Vec<u32>> = None;
     // With a quota, app containers share one room (they run together);
     // each init container has the whole room (they run one at a time).
     let mut quota_scope: Option<Constraints> = None;
@@ -402,7 +453,15 @@ pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPick
             continue;
         };
         let usage = working.as_deref().unwrap_or(&node.usage);
-        let p = fit_container(node, usage, order, r, quota_scope.as_ref().unwrap_or(c))?;
+        let slices = working_mig.as_deref().unwrap_or(&node.mig_slices);
+        let p = fit_container_on(
+            node,
+            usage,
+            slices,
+            order,
+            r,
+            quota_scope.as_ref().unwrap_or(c),
+        )?;
         if let Some(room) = c.quota
             && Some(i) != last_gpu_app
         {
@@ -417,6 +476,19 @@ pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPick
         if Some(i) != last_gpu_app {
             let w = working.get_or_insert_with(|| node.usage.clone());
             apply_picks(w, &p);
+            if p.iter()
+                .any(|pick| node.gpus.get(pick.gpu).is_some_and(mig::is_mig))
+            {
+                let m = working_mig.get_or_insert_with(|| node.mig_slices.clone());
+                if let Ok(held) = mig::place_entries(node, m, p.iter().map(|x| (x.gpu, x.usedmem)))
+                {
+                    for (pos, mask) in held {
+                        if let Some(s) = m.get_mut(pos) {
+                            *s |= mask;
+                        }
+                    }
+                }
+            }
         }
         picks.app.push(p);
     }

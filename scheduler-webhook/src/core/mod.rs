@@ -19,6 +19,8 @@
 //!
 //!  reservation   reserve / commit / release / observe on the Cluster
 //!    │
+//!  mig           MIG instance choice and slice masks (fit reads it too)
+//!    │
 //!  model         Cluster, Node, Gpu, GpuUse, the pod ledger's data
 //!
 //!  rng           SplitMix64, TieBreak (no imports)
@@ -37,6 +39,7 @@
 pub mod fgd;
 pub mod fit;
 pub mod kinds;
+pub mod mig;
 pub mod model;
 pub mod policy;
 pub mod quota;

@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 
-use proto::hami::register::NodeDevice;
+use proto::hami::mig::{MigProfile, known_profiles};
+use proto::hami::register::{MODE_MIG, NodeDevice};
 
 /// Index of a node in [`Cluster::nodes`].
 pub type NodeId = usize;
@@ -36,6 +37,10 @@ pub struct Gpu {
     pub devmem: u64,
     /// Device cores in percent (100 = one card).
     pub devcore: u32,
+    /// In `mig` mode, the GPU instance profiles it offers (its register
+    /// `migProfiles`, or the known profiles of its model when a ≤v2.9
+    /// plugin sent none); empty otherwise. See [`crate::core::mig`].
+    pub mig: Vec<MigProfile>,
 }
 
 /// What is used of one GPU.
@@ -86,6 +91,9 @@ pub struct Node {
     pub gpus: Vec<Gpu>,
     /// Usage, parallel to `gpus`.
     pub usage: Vec<GpuUse>,
+    /// MIG memory slices taken, a bit mask per GPU parallel to `gpus` (0
+    /// for GPUs not in `mig` mode); the OR of the pods' [`PodUsage::mig`].
+    pub mig_slices: Vec<u32>,
     /// CPU and memory capacity, when tracked.
     pub capacity: Option<NodeCapacity>,
     /// CPU taken by placed pods, milli-cores.
@@ -115,14 +123,25 @@ impl Node {
                 count: d.count,
                 devmem: u64::from(d.devmem),
                 devcore: d.devcore,
+                mig: if d.mode == MODE_MIG {
+                    if d.mig_profiles.is_empty() {
+                        known_profiles(&d.device_type).unwrap_or_default()
+                    } else {
+                        d.mig_profiles.clone()
+                    }
+                } else {
+                    Vec::new()
+                },
             })
             .collect();
         gpus.sort_by_key(|g| g.index);
         let usage = vec![GpuUse::default(); gpus.len()];
+        let mig_slices = vec![0; gpus.len()];
         Self {
             name: name.to_owned(),
             gpus,
             usage,
+            mig_slices,
             capacity: None,
             used_cpu_milli: 0,
             used_memory_mib: 0,
@@ -177,6 +196,8 @@ pub struct PodUsage {
     pub node: NodeId,
     /// Per GPU position on the node, what the pod holds there.
     pub gpus: Vec<(usize, GpuUse)>,
+    /// Per MIG GPU position, the memory slices its instances take.
+    pub mig: Vec<(usize, u32)>,
     /// CPU, milli-cores.
     pub cpu_milli: u64,
     /// Memory, MiB.
@@ -221,6 +242,7 @@ impl Cluster {
             for (pos, g) in node.gpus.iter().enumerate() {
                 if let Some(old_pos) = old.gpu_position(&g.uuid) {
                     node.usage[pos] = old.usage[old_pos];
+                    node.mig_slices[pos] = old.mig_slices[old_pos];
                 }
             }
             node.used_cpu_milli = old.used_cpu_milli;
@@ -281,7 +303,21 @@ pub(crate) mod testutil {
             numa: 0,
             mode: "hami-core".to_owned(),
             health: true,
+            mig_profiles: Vec::new(),
         }
+    }
+
+    /// A node with `gpus` A100-40GB GPUs in `mig` mode (7 slots, the
+    /// known profiles).
+    pub fn mk_mig_node(name: &str, gpus: u32) -> Node {
+        let devs: Vec<_> = (0..gpus)
+            .map(|i| {
+                let mut d = mk_device(name, i, "NVIDIA A100-SXM4-40GB", 7, 40960);
+                d.mode = MODE_MIG.to_owned();
+                d
+            })
+            .collect();
+        Node::from_register(name, &devs)
     }
 
     /// A node with `gpus` identical GPUs.

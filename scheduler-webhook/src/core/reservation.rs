@@ -12,6 +12,7 @@
 use proto::accounting::{PodAmount, Role};
 use proto::hami::pod_devices::PodDevices;
 
+use crate::core::mig;
 pub use crate::core::model::PodUsage;
 use crate::core::model::{Cluster, GpuUse, Node, NodeId};
 
@@ -64,8 +65,10 @@ pub fn pod_gpu_usage(
     for (i, container) in devices.0.iter().enumerate() {
         let role = Role::of_index(i, init_count);
         for d in container {
+            // A ≤v2.9 MIG entry is `GPU-…[<geometry>-<instance>]`.
+            let (uuid, _) = proto::hami::mig::split_legacy_uuid(&d.uuid);
             let pos = node
-                .gpu_position(&d.uuid)
+                .gpu_position(uuid)
                 .ok_or_else(|| ReservationError::UnknownGpu {
                     node: node.name.clone(),
                     uuid: d.uuid.clone(),
@@ -117,6 +120,11 @@ fn add_usage(node: &mut Node, p: &PodUsage) {
             g.usedcores = g.usedcores.saturating_add(u.usedcores);
         }
     }
+    for (pos, mask) in &p.mig {
+        if let Some(s) = node.mig_slices.get_mut(*pos) {
+            *s |= mask;
+        }
+    }
     node.used_cpu_milli = node.used_cpu_milli.saturating_add(p.cpu_milli);
     node.used_memory_mib = node.used_memory_mib.saturating_add(p.memory_mib);
 }
@@ -127,6 +135,11 @@ fn remove_usage(node: &mut Node, p: &PodUsage) {
             g.used = g.used.saturating_sub(u.used);
             g.usedmem = g.usedmem.saturating_sub(u.usedmem);
             g.usedcores = g.usedcores.saturating_sub(u.usedcores);
+        }
+    }
+    for (pos, mask) in &p.mig {
+        if let Some(s) = node.mig_slices.get_mut(*pos) {
+            *s &= !mask;
         }
     }
     node.used_cpu_milli = node.used_cpu_milli.saturating_sub(p.cpu_milli);
@@ -197,9 +210,14 @@ pub struct HostResources {
 // === impl Cluster ===
 
 impl Cluster {
-    /// What `devices` on `node` amount to for one pod.
+    /// What `devices` on `node` amount to for one pod. On MIG GPUs each
+    /// entry gets an instance by [`mig::place_entries`], around the slices
+    /// other pods take (the pod's own earlier holding excluded); with
+    /// `strict`, an entry with no free placement is an over-commit, else
+    /// (a fact observed) it holds no slices.
     fn usage_of(
         &self,
+        uid: &str,
         node: NodeId,
         devices: &PodDevices,
         init_count: usize,
@@ -207,9 +225,33 @@ impl Cluster {
         committed: bool,
     ) -> Result<(&Node, PodUsage), ReservationError> {
         let n = self.node(node).ok_or(ReservationError::UnknownNode(node))?;
+        let gpus = pod_gpu_usage(n, devices, init_count)?;
+        let mut base = n.mig_slices.clone();
+        if let Some(old) = self.ledger.pods.get(uid).filter(|o| o.node == node) {
+            for (pos, mask) in &old.mig {
+                if let Some(s) = base.get_mut(*pos) {
+                    *s &= !mask;
+                }
+            }
+        }
+        let entries = devices.0.iter().flatten().filter_map(|d| {
+            let (uuid, _) = proto::hami::mig::split_legacy_uuid(&d.uuid);
+            Some((n.gpu_position(uuid)?, u64::try_from(d.usedmem).ok()?))
+        });
+        let mig = match mig::place_entries(n, &base, entries) {
+            Ok(held) => held,
+            Err(uuid) if !committed => {
+                return Err(ReservationError::OverCommit {
+                    node: n.name.clone(),
+                    what: format!("MIG placements of {uuid}"),
+                });
+            }
+            Err(_) => Vec::new(),
+        };
         let usage = PodUsage {
             node,
-            gpus: pod_gpu_usage(n, devices, init_count)?,
+            gpus,
+            mig,
             cpu_milli: host.cpu_milli,
             memory_mib: host.memory_mib,
             committed,
@@ -231,7 +273,7 @@ impl Cluster {
         init_count: usize,
         host: HostResources,
     ) -> Result<(), ReservationError> {
-        let (n, new) = self.usage_of(node, devices, init_count, host, false)?;
+        let (n, new) = self.usage_of(uid, node, devices, init_count, host, false)?;
         check_fits(n, self.ledger.pods.get(uid), &new)?;
         self.release(uid);
         self.insert(uid, new);
@@ -252,7 +294,7 @@ impl Cluster {
         init_count: usize,
         host: HostResources,
     ) -> Result<(), ReservationError> {
-        let (_, usage) = self.usage_of(node, devices, init_count, host, true)?;
+        let (_, usage) = self.usage_of(uid, node, devices, init_count, host, true)?;
         self.release(uid);
         self.insert(uid, usage);
         Ok(())

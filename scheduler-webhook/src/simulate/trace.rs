@@ -174,6 +174,7 @@ pub fn node_from_row(row: &NodeRow, split_count: u32) -> Node {
             numa: 0,
             mode: "hami-core".to_owned(),
             health: true,
+            mig_profiles: Vec::new(),
         })
         .collect();
     Node::from_register(&row.name, &devices).with_capacity(NodeCapacity {

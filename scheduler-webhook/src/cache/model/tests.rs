@@ -25,6 +25,7 @@ fn kube_node(name: &str, gpus: u32, mem: u32) -> KubeNode {
             numa: 0,
             mode: "hami-core".into(),
             health: true,
+            mig_profiles: Vec::new(),
         })
         .collect();
     serde_json::from_value(json!({"metadata": {"name": name, "annotations": {

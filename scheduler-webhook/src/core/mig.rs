@@ -1,0 +1,329 @@
+//! MIG: which GPU instance a container gets on a GPU in `mig` mode, and
+//! which memory slices of each MIG GPU are taken.
+//!
+//! HAMi v2.10's rule (`pkg/device/nvidia/device.go` `selectMigCandidate`,
+//! `mig_topology.go`): the profiles the GPU offers (its register
+//! `migProfiles`) are tried from the smallest memory up (then the fewest
+//! compute slices); the first profile that holds the requested memory and
+//! has a placement overlapping no live instance wins. Placements of `1g.*`
+//! and `3g.*` profiles are tried from the highest start down, the others
+//! from the lowest up, which keeps the low slices free for the big
+//! profiles. The container is then charged the profile's memory and
+//! compute, not what it asked (an 8000 MiB request on an A100-40GB takes a
+//! `2g.10gb`: 10240 MiB and 28 % of the cores).
+//!
+//! Occupancy is a bit mask of memory slices per GPU (bit `i` = slice `i`),
+//! kept in [`crate::core::model::Node::mig_slices`] and per pod in
+//! [`crate::core::model::PodUsage::mig`]; two placements overlap exactly
+//! when their masks intersect.
+//!
+//! Not here: creating instances (the node-daemon does), and HAMi's
+//! `migProfileAllowlist` and `nvidia.com/mig-profile-preference` (not
+//! supported yet: every profile the node reports may be used).
+
+use proto::hami::mig::{MigPlacement, MigProfile};
+use proto::hami::register::MODE_MIG;
+
+use crate::core::model::{Gpu, Node};
+
+/// One chosen instance: profile (position in [`Gpu::mig`]) and placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigChoice {
+    /// Position of the profile in the GPU's profile list.
+    pub profile: usize,
+    /// Where the instance sits.
+    pub placement: MigPlacement,
+    /// The placement's slice mask.
+    pub mask: u32,
+}
+
+/// Whether a GPU hands out MIG instances rather than HAMi-core slices.
+#[must_use]
+pub fn is_mig(gpu: &Gpu) -> bool {
+    gpu.mode == MODE_MIG
+}
+
+/// Whether HAMi tries this profile's placements from the highest start
+/// down (`1g.*`, `3g.*`).
+fn prefers_high(name: &str) -> bool {
+    name.starts_with("1g.") || name.starts_with("3g.")
+}
+
+/// The instance a request for `mem` MiB gets on a GPU with these profiles
+/// when the slices in `taken` are occupied; `None` when no profile holding
+/// `mem` has a free placement.
+#[must_use]
+pub fn choose(profiles: &[MigProfile], taken: u32, mem: u64) -> Option<MigChoice> {
+    let mut order: Vec<usize> = (0..profiles.len()).collect();
+    order.sort_by_key(|&i| (profiles[i].memory_mb, profiles[i].slice_count));
+    for i in order {
+        let p = &profiles[i];
+        if u64::from(p.memory_mb) < mem {
+            continue;
+        }
+        let mut placements = p.placements.clone();
+        if prefers_high(&p.name) {
+            placements.sort_by_key(|pl| std::cmp::Reverse(pl.start));
+        } else {
+            placements.sort_by_key(|pl| pl.start);
+        }
+        for pl in placements {
+            if let Some(mask) = pl.mask()
+                && mask & taken == 0
+            {
+                return Some(MigChoice {
+                    profile: i,
+                    placement: pl,
+                    mask,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// The slot count a MIG GPU offers: the largest number of instances of one
+/// profile (HAMi registers `count` so).
+#[must_use]
+pub fn slot_count(profiles: &[MigProfile]) -> u32 {
+    profiles
+        .iter()
+        .map(MigProfile::instance_count)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The instances one pod's device entries take on `node`, entry by entry
+/// in order (each MIG entry gets its own instance, as HAMi's
+/// `AddResourceUsage` commits them), with `base` the slices taken per GPU
+/// position before the pod. Entries on non-MIG GPUs are skipped. Returns
+/// the mask per GPU position the pod holds, or the UUID of the first GPU
+/// where an entry found no free placement.
+///
+/// # Errors
+/// The UUID of the GPU with no room.
+pub fn place_entries<'a>(
+    node: &Node,
+    base: &[u32],
+    entries: impl IntoIterator<Item = (usize, u64)> + 'a,
+) -> Result<Vec<(usize, u32)>, String> {
+    let mut held: Vec<(usize, u32)> = Vec::new();
+    for (pos, mem) in entries {
+        let Some(gpu) = node.gpus.get(pos) else {
+            continue;
+        };
+        if !is_mig(gpu) {
+            continue;
+        }
+        let mine = held.iter().find(|(p, _)| *p == pos).map_or(0, |(_, m)| *m);
+        let taken = base.get(pos).copied().unwrap_or(0) | mine;
+        let Some(c) = choose(&gpu.mig, taken, mem) else {
+            return Err(gpu.uuid.clone());
+        };
+        match held.iter_mut().find(|(p, _)| *p == pos) {
+            Some((_, m)) => *m |= c.mask,
+            None => held.push((pos, c.mask)),
+        }
+    }
+    Ok(held)
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::hami::mig::known_profiles;
+
+    use super::*;
+    use crate::core::model::testutil::mk_mig_node;
+
+    fn a100() -> Vec<MigProfile> {
+        known_profiles("NVIDIA A100-SXM4-40GB").unwrap()
+    }
+
+    fn name(p: &[MigProfile], c: Option<MigChoice>) -> Option<(&str, u32, u32)> {
+        c.map(|c| {
+            (
+                p[c.profile].name.as_str(),
+                c.placement.start,
+                c.placement.size,
+            )
+        })
+    }
+
+    #[test]
+    fn smallest_profile_holding_the_request_wins() {
+        let p = a100();
+        // HAMi's documented example: 8000 MiB on an empty A100-40GB → 2g.10gb.
+        assert_eq!(name(&p, choose(&p, 0, 8000)), Some(("2g.10gb", 0, 2)));
+        assert_eq!(name(&p, choose(&p, 0, 3000)), Some(("1g.5gb", 6, 1)));
+        assert_eq!(name(&p, choose(&p, 0, 5120)), Some(("1g.5gb", 6, 1)));
+        assert_eq!(name(&p, choose(&p, 0, 20000)), Some(("3g.20gb", 4, 4)));
+        assert_eq!(name(&p, choose(&p, 0, 30000)), Some(("7g.40gb", 0, 8)));
+        assert_eq!(choose(&p, 0, 50000), None);
+    }
+
+    #[test]
+    fn a_bigger_profile_is_taken_when_the_smaller_has_no_room() {
+        let p = a100();
+        // Three 2g.10gb at 0, 2, 4 (HAMi's test): a fourth 2g does not fit,
+        // a 1g still does (slice 6).
+        let taken = 0b0011_1111;
+        assert_eq!(choose(&p, taken, 10000), None);
+        assert_eq!(name(&p, choose(&p, taken, 5000)), Some(("1g.5gb", 6, 1)));
+        // 1g at 6 taken: a 5000 MiB request moves up to a 2g only if one
+        // fits; here none does.
+        assert_eq!(choose(&p, taken | 0b0100_0000, 5000), None);
+        // Slices 4..8 taken by a 3g: a 3g request takes the other half.
+        assert_eq!(
+            name(&p, choose(&p, 0b1111_0000, 20000)),
+            Some(("3g.20gb", 0, 4))
+        );
+        // Anything live blocks the 7g.
+        assert_eq!(choose(&p, 0b1000_0000, 30000), None);
+    }
+
+    #[test]
+    fn seven_1g_instances_fill_an_a100_then_nothing_fits() {
+        let p = a100();
+        let mut taken = 0;
+        for _ in 0..7 {
+            let c = choose(&p, taken, 1).unwrap();
+            assert_eq!(p[c.profile].name, "1g.5gb");
+            taken |= c.mask;
+        }
+        assert_eq!(choose(&p, taken, 1), None);
+        assert_eq!(slot_count(&p), 7);
+    }
+
+    #[test]
+    fn entries_of_one_pod_take_distinct_instances() {
+        let n = mk_mig_node("m", 1);
+        let held = place_entries(&n, &[0], [(0, 10240), (0, 10240), (0, 10240)]).unwrap();
+        assert_eq!(held, vec![(0, 0b0011_1111)]);
+        assert_eq!(
+            place_entries(&n, &[0], [(0, 20480), (0, 20480), (0, 1)]),
+            Err("GPU-m-0".to_owned())
+        );
+    }
+
+    // === fit and ledger, end to end on one A100-40GB in mig mode ===
+
+    use proto::hami::pod_devices::{ContainerDevice, PodDevices};
+
+    use crate::core::fit::{Reason, fit_pod};
+    use crate::core::model::Cluster;
+    use crate::core::request::{DeviceRequest, MemoryRequest, PodRequest};
+    use crate::core::reservation::HostResources;
+
+    fn ask(mem: &[u64]) -> PodRequest {
+        PodRequest {
+            app: mem
+                .iter()
+                .map(|&m| {
+                    Some(DeviceRequest {
+                        nums: 1,
+                        memory: MemoryRequest::Mib(m),
+                        cores: 0,
+                    })
+                })
+                .collect(),
+            ..PodRequest::default()
+        }
+    }
+
+    /// Fits `mem` on node 0 and reserves it for `uid`; the devices written.
+    fn place(c: &mut Cluster, uid: &str, mem: &[u64]) -> Result<PodDevices, String> {
+        let node = c.node(0).unwrap();
+        let picks = fit_pod(node, &ask(mem), &[0]).map_err(|f| f.to_string())?;
+        let devices = PodDevices(
+            picks
+                .app
+                .iter()
+                .map(|ps| {
+                    ps.iter()
+                        .map(|p| ContainerDevice {
+                            uuid: node.gpus[p.gpu].uuid.clone(),
+                            vendor: "NVIDIA".into(),
+                            usedmem: i32::try_from(p.usedmem).unwrap(),
+                            usedcores: i32::try_from(p.usedcores).unwrap(),
+                        })
+                        .collect()
+                })
+                .collect(),
+        );
+        c.reserve(uid, 0, &devices, 0, HostResources::default())
+            .map_err(|e| e.to_string())?;
+        Ok(devices)
+    }
+
+    #[test]
+    fn a_memory_request_is_charged_its_profile() {
+        let mut c = Cluster::new(vec![mk_mig_node("m", 1)]);
+        let d = place(&mut c, "p1", &[8000]).unwrap();
+        assert_eq!((d.0[0][0].usedmem, d.0[0][0].usedcores), (10240, 28));
+        assert_eq!(c.node(0).unwrap().mig_slices[0], 0b0000_0011);
+        assert_eq!(c.node(0).unwrap().usage[0].usedmem, 10240);
+    }
+
+    #[test]
+    fn a_full_layout_refuses_with_mig_topology_infeasible_and_release_frees_it() {
+        let mut c = Cluster::new(vec![mk_mig_node("m", 1)]);
+        for uid in ["a", "b", "c"] {
+            place(&mut c, uid, &[8000]).unwrap();
+        }
+        let why = place(&mut c, "d", &[8000]).unwrap_err();
+        assert_eq!(
+            why,
+            format!("1/1 {}", Reason::CardMigTopologyInfeasible.as_str())
+        );
+        // A 1g still fits beside three 2g (slice 6).
+        assert_eq!(place(&mut c, "e", &[3000]).unwrap().0[0][0].usedmem, 5120);
+        assert!(c.release("b"));
+        assert_eq!(c.node(0).unwrap().mig_slices[0], 0b0111_0011);
+        assert_eq!(place(&mut c, "d", &[8000]).unwrap().0[0][0].usedmem, 10240);
+    }
+
+    #[test]
+    fn app_containers_of_one_pod_take_separate_instances() {
+        let mut c = Cluster::new(vec![mk_mig_node("m", 1)]);
+        let d = place(&mut c, "p", &[20000, 20000]).unwrap();
+        assert_eq!(d.0.len(), 2);
+        assert_eq!(c.node(0).unwrap().mig_slices[0], 0xff);
+        assert!(place(&mut c, "q", &[1]).is_err());
+        // A third 3g in the same pod has no room.
+        let mut c = Cluster::new(vec![mk_mig_node("m", 1)]);
+        assert!(place(&mut c, "p", &[20000, 20000, 20000]).is_err());
+    }
+
+    #[test]
+    fn re_reserving_a_pod_does_not_count_its_own_instances() {
+        let mut c = Cluster::new(vec![mk_mig_node("m", 1)]);
+        let d = place(&mut c, "p", &[30000]).unwrap();
+        c.reserve("p", 0, &d, 0, HostResources::default()).unwrap();
+        assert_eq!(c.node(0).unwrap().mig_slices[0], 0xff);
+    }
+
+    #[test]
+    fn a_legacy_suffixed_allocation_is_observed_on_its_gpu() {
+        let mut c = Cluster::new(vec![mk_mig_node("m", 1)]);
+        let d = PodDevices(vec![vec![ContainerDevice {
+            uuid: "GPU-m-0[1-0]".into(),
+            vendor: "NVIDIA".into(),
+            usedmem: 10240,
+            usedcores: 0,
+        }]]);
+        c.observe_allocated("old", 0, &d, 0, HostResources::default())
+            .unwrap();
+        assert_eq!(c.node(0).unwrap().usage[0].used, 1);
+        assert_eq!(c.node(0).unwrap().mig_slices[0], 0b11);
+    }
+
+    #[test]
+    fn a_gpu_not_in_mig_mode_is_unaffected() {
+        let mut c = Cluster::new(vec![crate::core::model::testutil::mk_node(
+            "t", 1, 10, 16000,
+        )]);
+        let d = place(&mut c, "p", &[8000]).unwrap();
+        assert_eq!(d.0[0][0].usedmem, 8000);
+        assert_eq!(c.node(0).unwrap().mig_slices[0], 0);
+    }
+}
