@@ -362,6 +362,7 @@ mod tests {
                 numa: 0,
                 mode: "hami-core".into(),
                 health: i != 1,
+                mig_profiles: Vec::new(),
             })
             .collect();
         serde_json::from_value(json!({"metadata": {"name": name, "annotations": {

@@ -53,6 +53,7 @@ fn node_json(name: &str, gpus: u32, mem: u32) -> Value {
             numa: 0,
             mode: "hami-core".into(),
             health: true,
+            mig_profiles: Vec::new(),
         })
         .collect();
     json!({

@@ -673,6 +673,7 @@ mod tests {
             numa: 0,
             mode: "hami-core".into(),
             health: true,
+            mig_profiles: Vec::new(),
         };
         let mut annotations = serde_json::Map::new();
         annotations.insert(
