@@ -111,6 +111,9 @@ pub struct NodeAnnotations {
     pub register: String,
     /// GPU UUIDs an admin excluded from new allocations (`hami.io/device-cordon`).
     pub cordoned: Vec<String>,
+    /// The `hami.io/node-nvidia-score` value (GPU pair scores for
+    /// `topology-aware`), empty when there is none.
+    pub pair_scores: String,
     /// What the handshake reads: `None` when the node has no register
     /// annotation at all (not a GPU node, or its daemon never registered).
     pub handshake: Option<NodeHandshake>,
@@ -126,7 +129,7 @@ pub struct NodeHandshake {
     pub allocatable_gpus: Option<i64>,
 }
 
-/// Reads a node's register, cordon and handshake annotations, and its
+/// Reads a node's register, cordon, pair score and handshake annotations, and its
 /// allocatable count of `gpu_resource`.
 #[must_use]
 pub fn node_annotations(node: &KubeNode, gpu_resource: &str) -> NodeAnnotations {
@@ -137,6 +140,10 @@ pub fn node_annotations(node: &KubeNode, gpu_resource: &str) -> NodeAnnotations 
     let register = annotations
         .and_then(|a| a.get(keys::NODE_NVIDIA_REGISTER))
         .filter(|_| !unhealthy)
+        .cloned()
+        .unwrap_or_default();
+    let pair_scores = annotations
+        .and_then(|a| a.get(keys::NODE_NVIDIA_SCORE))
         .cloned()
         .unwrap_or_default();
     let cordoned = annotations
@@ -159,6 +166,7 @@ pub fn node_annotations(node: &KubeNode, gpu_resource: &str) -> NodeAnnotations 
     NodeAnnotations {
         register,
         cordoned,
+        pair_scores,
         handshake,
     }
 }
