@@ -960,10 +960,10 @@ mod tests {
         // Every pair at 100 but f's at 1: one GPU goes to f, keeping the
         // well-linked GPUs for multi-GPU pods.
         let mut s = [[100; 6]; 6];
-        for x in 0..6 {
-            s[x][5] = 1;
-            s[5][x] = 1;
+        for row in &mut s {
+            row[5] = 1;
         }
+        s[5] = [1; 6];
         let n = hami_topology_node(s);
         let p = fit_container(&n, &n.usage, &order(&n), &req(1, 1024, 20), &topology()).unwrap();
         assert_eq!(p.iter().map(|p| p.gpu).collect::<Vec<_>>(), vec![5]);
