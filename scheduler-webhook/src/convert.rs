@@ -117,6 +117,9 @@ pub struct NodeAnnotations {
     pub register: String,
     /// GPU UUIDs an admin excluded from new allocations (`hami.io/device-cordon`).
     pub cordoned: Vec<String>,
+    /// The `hami.io/node-nvidia-score` value (GPU pair scores for
+    /// `topology-aware`), empty when there is none.
+    pub pair_scores: String,
     /// What the handshake reads: `None` when the node has no register
     /// annotation at all (not a GPU node, or its daemon never registered).
     pub handshake: Option<NodeHandshake>,
@@ -196,13 +199,17 @@ impl NodeHandshake {
     }
 }
 
-/// Reads a node's register, cordon and handshake annotations, and its
+/// Reads a node's register, cordon, pair score and handshake annotations, and its
 /// allocatable count of `gpu_resource`.
 #[must_use]
 pub fn node_annotations(node: &KubeNode, gpu_resource: &str) -> NodeAnnotations {
     let annotations = node.metadata.annotations.as_ref();
     let register = annotations
         .and_then(|a| a.get(keys::NODE_NVIDIA_REGISTER))
+        .cloned()
+        .unwrap_or_default();
+    let pair_scores = annotations
+        .and_then(|a| a.get(keys::NODE_NVIDIA_SCORE))
         .cloned()
         .unwrap_or_default();
     let cordoned = annotations
@@ -225,6 +232,7 @@ pub fn node_annotations(node: &KubeNode, gpu_resource: &str) -> NodeAnnotations 
     NodeAnnotations {
         register,
         cordoned,
+        pair_scores,
         handshake,
     }
 }

@@ -27,11 +27,45 @@ impl Named for Policy {
     }
 }
 
-impl Named for GpuPolicy {
-    const WHAT: &'static str = "policy";
-    const ALL: &'static [Self] = &GpuPolicy::ALL;
-    fn name(self) -> &'static str {
-        self.as_str()
+// === How a setting spells a GPU policy: HAMi's names, exactly, or a comma
+// list of them (`mutex,binpack,numa`), so not one of a fixed list ===
+
+/// Reads `--gpu-scheduler-policy` / `gpuSchedulerPolicy`.
+fn parse_gpu_policy(value: &str) -> Result<GpuPolicy, String> {
+    GpuPolicy::parse_exact(value).map_err(|e| e.to_string())
+}
+
+/// Serde for the GPU policy setting: written as its name or list, read
+/// with [`GpuPolicy::parse_exact`].
+mod gpu_policy_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::core::kinds::GpuPolicy;
+
+    pub(super) fn serialize<S: Serializer>(value: &GpuPolicy, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<GpuPolicy, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_gpu_policy(&text).map_err(serde::de::Error::custom)
+    }
+
+    /// The same for the flag, which may be absent (flags are only written).
+    pub(super) mod option {
+        use serde::Serializer;
+
+        use crate::core::kinds::GpuPolicy;
+
+        pub(crate) fn serialize<S: Serializer>(
+            value: &Option<GpuPolicy>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match value {
+                Some(v) => s.collect_str(v),
+                None => s.serialize_none(),
+            }
+        }
     }
 }
 
@@ -62,8 +96,10 @@ pub struct Settings {
     /// workload, see [`crate::cache::fragmentation`]).
     #[serde(with = "by_name")]
     pub node_scheduler_policy: Policy,
-    /// Default GPU policy, by its exact name.
-    #[serde(with = "by_name")]
+    /// Default GPU policy: `binpack`, `spread`, `numa`, `mutex`,
+    /// `topology-aware`, or an ordered comma list of them (HAMi's names,
+    /// exactly).
+    #[serde(with = "gpu_policy_text")]
     pub gpu_scheduler_policy: GpuPolicy,
     /// MiB per GPU when a container asks for neither gpumem nor a percentage (0 = whole card).
     pub default_memory: u32,
@@ -97,7 +133,7 @@ impl Default for Settings {
             scheduler_name: "gpuslice-scheduler".to_owned(),
             resources: ResourceNames::default(),
             node_scheduler_policy: Policy::Binpack,
-            gpu_scheduler_policy: GpuPolicy::Spread,
+            gpu_scheduler_policy: GpuPolicy::SPREAD,
             default_memory: 0,
             default_cores: 0,
             default_gpu_num: 1,
@@ -189,9 +225,11 @@ pub struct ServeFlags {
     #[arg(long, value_parser = named_parser::<Policy>())]
     #[serde(with = "by_name::option")]
     pub node_scheduler_policy: Option<Policy>,
-    /// Default GPU policy for the GPUs of the chosen node [default: spread].
-    #[arg(long, value_parser = named_parser::<GpuPolicy>())]
-    #[serde(with = "by_name::option")]
+    /// Default GPU policy for the GPUs of the chosen node: binpack, spread,
+    /// numa, mutex, topology-aware, or a comma list such as
+    /// mutex,binpack,numa [default: spread].
+    #[arg(long, value_parser = parse_gpu_policy)]
+    #[serde(with = "gpu_policy_text::option")]
     pub gpu_scheduler_policy: Option<GpuPolicy>,
     /// MiB per GPU when a container asks for no memory; 0 = whole card [default: 0].
     #[arg(long)]
@@ -307,7 +345,7 @@ mod tests {
             metrics_listen: Some("0.0.0.0:1".parse().unwrap()),
             scheduler_name: Some("s".into()),
             node_scheduler_policy: Some(Policy::Spread),
-            gpu_scheduler_policy: Some(GpuPolicy::Binpack),
+            gpu_scheduler_policy: Some(GpuPolicy::BINPACK),
             default_memory: Some(1),
             default_cores: Some(2),
             default_gpu_num: Some(3),
@@ -335,7 +373,7 @@ mod tests {
         assert!(s.insecure_http);
         assert_eq!(s.listen, "127.0.0.1:8443".parse().unwrap());
         assert_eq!(s.node_scheduler_policy, Policy::Spread);
-        assert_eq!(s.gpu_scheduler_policy, GpuPolicy::Binpack);
+        assert_eq!(s.gpu_scheduler_policy, GpuPolicy::BINPACK);
         assert_eq!(s.log_format, LogFormat::Json, "--log-json wins");
     }
 
@@ -352,7 +390,7 @@ mod tests {
     fn printed_settings_read_back_as_the_same_settings() {
         let s = Settings {
             node_scheduler_policy: Policy::Fgd,
-            gpu_scheduler_policy: GpuPolicy::Binpack,
+            gpu_scheduler_policy: GpuPolicy::parse_exact("mutex,binpack,numa").unwrap(),
             listen: "[::1]:8443".parse().unwrap(),
             log_format: LogFormat::Json,
             ..secure()
@@ -360,6 +398,10 @@ mod tests {
         let printed = serde_json::to_string_pretty(&s).unwrap();
         assert!(
             printed.contains(r#""nodeSchedulerPolicy": "fgd""#),
+            "{printed}"
+        );
+        assert!(
+            printed.contains(r#""gpuSchedulerPolicy": "mutex,binpack,numa""#),
             "{printed}"
         );
         let back: Settings =
@@ -440,14 +482,16 @@ mod tests {
              (one of: binpack, spread, fgd, bestfit, random)"
         );
 
-        let env = |k: &str| (k == "GPUSLICE_GPU_SCHEDULER_POLICY").then(|| "numa".to_owned());
+        let env =
+            |k: &str| (k == "GPUSLICE_GPU_SCHEDULER_POLICY").then(|| "binpack,nmua".to_owned());
         let err = layered::<Settings, _>(None, &env, &ServeFlags::default())
             .unwrap_err()
             .to_string();
         assert_eq!(
             err,
             "gpuSchedulerPolicy from environment variable GPUSLICE_GPU_SCHEDULER_POLICY: \
-             unknown policy `numa` (one of: binpack, spread)"
+             unknown GPU scheduling policy \"nmua\" \
+             (binpack, spread, numa, mutex, topology-aware, or a comma list of them)"
         );
 
         let err = flags(&["--node-scheduler-policy", "packed"])
@@ -461,7 +505,37 @@ mod tests {
         let err = flags(&["--gpu-scheduler-policy", "fgd"])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("possible values: binpack, spread"), "{err}");
+        assert!(
+            err.contains("binpack, spread, numa, mutex, topology-aware"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_gpu_policy_takes_every_hami_name_and_chain() {
+        // HAMi's `--gpu-scheduler-policy` validation table
+        // (cmd/scheduler/main_test.go `TestValidateSchedulerPolicyFlags`).
+        for value in [
+            "spread",
+            "binpack",
+            "binpack,numa",
+            "mutex",
+            "topology-aware",
+            "numa",
+        ] {
+            let want = GpuPolicy::parse_exact(value).unwrap();
+            let text = format!("gpuSchedulerPolicy: \"{value}\"\n");
+            let s: Settings = layered(Some(yaml(&text)), &no_env, &ServeFlags::default()).unwrap();
+            assert_eq!(s.gpu_scheduler_policy, want, "{value}");
+            let f = flags(&["--gpu-scheduler-policy", value]).unwrap();
+            assert_eq!(f.gpu_scheduler_policy, Some(want), "{value}");
+        }
+        for value in ["Binpack", "binpak", "binpack,nmua", ""] {
+            assert!(
+                flags(&["--gpu-scheduler-policy", value]).is_err(),
+                "{value:?}"
+            );
+        }
     }
 
     #[test]
@@ -470,13 +544,17 @@ mod tests {
         for (key, value) in [
             ("nodeSchedulerPolicy", "BinPack"),
             ("nodeSchedulerPolicy", "best-fit"),
-            ("gpuSchedulerPolicy", "binpack,spread"),
+            ("gpuSchedulerPolicy", "Spread"),
         ] {
             let text = format!("{key}: {value}\n");
             let err = layered::<Settings, _>(Some(yaml(&text)), &no_env, &ServeFlags::default())
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains(&format!("unknown policy `{value}`")), "{err}");
+            assert!(
+                err.contains(&format!("unknown policy `{value}`"))
+                    || err.contains(&format!("unknown GPU scheduling policy {value:?}")),
+                "{err}"
+            );
         }
     }
 

@@ -118,9 +118,11 @@ fn bad_policy_or_address_exits_64_naming_key_and_layer() {
         ),
         "{err}"
     );
-    let out = run(&["serve", "--gpu-scheduler-policy", "numa"], &[]);
+    let out = run(&["serve", "--gpu-scheduler-policy", "binpack,nmua"], &[]);
     assert_eq!(out.status.code(), Some(64));
-    assert!(stderr(&out).contains("possible values: binpack, spread"));
+    assert!(stderr(&out).contains(
+        "unknown GPU scheduling policy \"nmua\" (binpack, spread, numa, mutex, topology-aware"
+    ));
     let out = run(&["serve", "--metrics-listen", "9395"], &[]);
     assert_eq!(out.status.code(), Some(64));
     assert!(stderr(&out).contains("`9395` is not an address"));

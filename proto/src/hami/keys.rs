@@ -16,7 +16,7 @@ pub const NODE_HANDSHAKE: &str = "hami.io/node-handshake";
 
 /// Node annotation: GPU pair scores for the `topology-aware` policy, written
 /// by the plugin only with `ENABLE_TOPOLOGY_SCORE=true`.
-/// Value: `[{"uuid":"GPU-a","score":{"GPU-b":<int>}}]`.
+/// Value: [`super::pair_score`], `[{"uuid":"GPU-a","score":{"GPU-b":<int>}}]`.
 pub const NODE_NVIDIA_SCORE: &str = "hami.io/node-nvidia-score";
 
 /// Node annotation, set by an admin: comma list of GPU UUIDs excluded from
@@ -99,6 +99,7 @@ pub const NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
 pub const GPU_SCHEDULER_POLICY: &str = "hami.io/gpu-scheduler-policy";
 
 /// Pod annotation: GPU score weights, exactly `slot=a,core=b,memory=c`.
+/// Value: [`super::scoring_weights::DeviceScoringWeights`].
 pub const DEVICE_SCORING_WEIGHTS: &str = "hami.io/device-scoring-weights";
 
 // === Labels ===

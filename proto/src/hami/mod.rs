@@ -10,6 +10,8 @@
 //! |---|---|
 //! | [`keys`] | every annotation and label key |
 //! | [`register`] | node device list (`hami.io/node-nvidia-register`) |
+//! | [`pair_score`] | GPU pair scores (`hami.io/node-nvidia-score`) |
+//! | [`scoring_weights`] | `hami.io/device-scoring-weights` |
 //! | [`handshake`] | `hami.io/node-handshake` values |
 //! | [`node_lock`] | `hami.io/mutex.lock` values |
 //! | [`mig`] | MIG profiles, placements and `hami.io/vgpu-mig-allocations` |
@@ -33,9 +35,11 @@ pub mod handshake;
 pub mod keys;
 pub mod mig;
 pub mod node_lock;
+pub mod pair_score;
 pub mod pod_devices;
 pub mod register;
 pub mod resources;
+pub mod scoring_weights;
 
 /// Quotes at most 64 characters of `text` in an error message, marking a cut
 /// with `…`, so errors stay short whatever the input.

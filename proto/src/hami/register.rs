@@ -505,7 +505,7 @@ fn json_kind(value: &Value) -> &'static str {
 
 /// Appends `text` as a JSON string the way Go's `json.Marshal` does (HTML
 /// escaping on, `\b` `\f` short forms as in Go 1.22+).
-fn push_go_json_string(out: &mut String, text: &str) {
+pub(crate) fn push_go_json_string(out: &mut String, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
     for c in text.chars() {

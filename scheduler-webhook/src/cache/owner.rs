@@ -482,7 +482,7 @@ async fn run(
                     seen.insert(name.clone());
                 }
                 if let Err(error) = model.apply_node(&node) {
-                    warn!(node = ?node.metadata.name, %error, "node register annotation does not decode; keeping its previous GPUs");
+                    warn!(node = ?node.metadata.name, %error, "node annotation does not decode; keeping its previous GPUs");
                 }
                 if let Some(name) = node.metadata.name.as_ref()
                     && model

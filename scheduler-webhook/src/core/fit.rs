@@ -4,12 +4,14 @@
 //!
 //! Fit walks a GPU order (see [`crate::core::score::gpu_order`]) from the
 //! end and skips a GPU that is unhealthy or cordoned, of a refused type,
-//! mode or UUID, out of slots, short of memory or cores, already used when
-//! the request is exclusive (100 cores), or fully used in cores when the
-//! request asks for 0 cores; a GPU that passes all that is still skipped
-//! when its pick would take the pod past its namespace's quota room
-//! (`Constraints::quota`). With numa-bind, picks restart whenever the NUMA
-//! node changes. Init containers are each fitted against the node as it was
+//! mode or UUID, out of slots, already used under the `mutex` GPU policy,
+//! short of memory or cores, already used when the request is exclusive
+//! (100 cores), or fully used in cores when the request asks for 0 cores; a
+//! GPU that passes all that is still skipped when its pick would take the
+//! pod past its namespace's quota room (`Constraints::quota`). With
+//! numa-bind, picks restart whenever the NUMA node changes. Under the
+//! `topology-aware` GPU policy every GPU that passes is gathered and the
+//! pick is made by the node's pair scores ([`fit_topology`]). Init containers are each fitted against the node as it was
 //! before the pod (they run one at a time: the pod needs their peak); app
 //! containers are fitted one after the other, each seeing the picks of the
 //! ones before (they run together: summed).
@@ -214,6 +216,10 @@ pub fn check_gpu(
     if gpu.count <= used.used {
         return Err(Reason::CardTimeSlicingExhausted);
     }
+    // HAMi v2.10 `Fit` (pkg/device/nvidia/device.go): `isMutex && dev.Used > 0`.
+    if c.mutex && used.used > 0 {
+        return Err(Reason::ExclusiveDeviceAllocateConflict);
+    }
     let cores = req.cores.min(100);
     let mem = req.memory_on(gpu.devmem);
     if gpu.devmem.saturating_sub(used.usedmem) < mem {
@@ -289,6 +295,9 @@ fn fit_container_on(
     req: &DeviceRequest,
     c: &Constraints,
 ) -> Result<Vec<Pick>, FitFailure> {
+    if c.topology {
+        return fit_topology(node, usage, order, req, c);
+    }
     let cards = node.gpus.len();
     let nums = usize::try_from(req.nums).unwrap_or(usize::MAX);
     if nums > cards {
@@ -336,6 +345,138 @@ fn fit_container_on(
         fail.add(Reason::AllocatedCardsInsufficientRequest, picks.len());
     }
     Err(fail)
+}
+
+/// [`fit_container`] under the `topology-aware` GPU policy, as HAMi v2.10's
+/// NVIDIA `Fit` does it (`pkg/device/nvidia/device.go`): the walk does not
+/// stop at `nums` but gathers every GPU that passes the checks (with
+/// numa-bind, only those of the last NUMA node walked: the gathered GPUs
+/// restart at each change, and as the count never drops no `NumaNotFit` is
+/// counted). Exactly `nums` gathered are the picks; more are narrowed by
+/// the node's pair scores ([`Node::pair_score`]):
+///
+/// - one GPU (`computeWorstSingleCard`): the one whose scores to the other
+///   gathered GPUs sum lowest, leaving the best-linked GPUs to multi-GPU
+///   pods; the first in walk order on a tie;
+/// - several (`generateCombinations` + `computeBestCombination`): of every
+///   `nums`-subset, in lexicographic order of the walk, the first whose pair
+///   scores (each pair once, the earlier GPU's score for the later) sum
+///   highest.
+///
+/// A node without scores (every pair 0) gets the first GPU, or the first
+/// `nums`, in walk order.
+///
+/// # Errors
+/// As [`fit_container`]: the reasons GPUs were skipped, when fewer than
+/// `nums` pass.
+pub fn fit_topology(
+    node: &Node,
+    usage: &[GpuUse],
+    order: &[usize],
+    req: &DeviceRequest,
+    c: &Constraints,
+) -> Result<Vec<Pick>, FitFailure> {
+    let cards = node.gpus.len();
+    let nums = usize::try_from(req.nums).unwrap_or(usize::MAX);
+    if nums > cards {
+        return Err(FitFailure::single(Reason::NodeInsufficientDevice, cards));
+    }
+    let mut fail = FitFailure::new(cards);
+    let mut gathered: Vec<Pick> = Vec::with_capacity(cards);
+    let mut prev_numa: Option<u32> = None;
+    let mut room = c.quota;
+    for &pos in order.iter().rev() {
+        let (Some(gpu), Some(used)) = (node.gpus.get(pos), usage.get(pos)) else {
+            continue;
+        };
+        if !gpu.health {
+            fail.add(Reason::CardNotHealth, 1);
+            continue;
+        }
+        if c.numa_bind && prev_numa != Some(gpu.numa) {
+            gathered.clear();
+            room = c.quota;
+            prev_numa = Some(gpu.numa);
+        }
+        match check_gpu(gpu, used, req, c) {
+            Err(r) => fail.add(r, 1),
+            Ok(p) => {
+                if let Some(left) = room.as_mut()
+                    && !left.take(p.usedmem, p.usedcores)
+                {
+                    fail.add(Reason::ResourceQuotaNotFit, 1);
+                    continue;
+                }
+                gathered.push(Pick { gpu: pos, ..p });
+            }
+        }
+    }
+    match gathered.len().cmp(&nums) {
+        std::cmp::Ordering::Equal => Ok(gathered),
+        std::cmp::Ordering::Greater if nums == 1 => Ok(worst_linked(node, &gathered)),
+        std::cmp::Ordering::Greater => Ok(best_linked(node, &gathered, nums)),
+        std::cmp::Ordering::Less => {
+            if !gathered.is_empty() {
+                fail.add(Reason::AllocatedCardsInsufficientRequest, gathered.len());
+            }
+            Err(fail)
+        }
+    }
+}
+
+/// The gathered GPU whose scores to the others sum lowest; the first on a
+/// tie.
+fn worst_linked(node: &Node, gathered: &[Pick]) -> Vec<Pick> {
+    let mut best: Option<(i64, Pick)> = None;
+    for (i, a) in gathered.iter().enumerate() {
+        let total: i64 = gathered
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, b)| node.pair_score(a.gpu, b.gpu))
+            .fold(0i64, i64::saturating_add);
+        if best.is_none_or(|(s, _)| total < s) {
+            best = Some((total, *a));
+        }
+    }
+    best.map(|(_, p)| vec![p]).unwrap_or_default()
+}
+
+/// Of every `nums`-subset of the gathered GPUs, in lexicographic order, the
+/// first whose pair scores sum highest.
+fn best_linked(node: &Node, gathered: &[Pick], nums: usize) -> Vec<Pick> {
+    let n = gathered.len();
+    // Positions into `gathered` of the current subset, lexicographic.
+    let mut idx: Vec<usize> = (0..nums).collect();
+    let mut best: Option<(i64, Vec<usize>)> = None;
+    loop {
+        let mut total = 0i64;
+        for (k, &a) in idx.iter().enumerate() {
+            for &b in idx.iter().skip(k + 1) {
+                let (Some(pa), Some(pb)) = (gathered.get(a), gathered.get(b)) else {
+                    continue;
+                };
+                total = total.saturating_add(node.pair_score(pa.gpu, pb.gpu));
+            }
+        }
+        if best.as_ref().is_none_or(|(s, _)| total > *s) {
+            best = Some((total, idx.clone()));
+        }
+        // Next subset: the rightmost position that can still move right.
+        let Some(k) = (0..nums).rev().find(|&k| idx[k] < n - nums + k) else {
+            break;
+        };
+        idx[k] += 1;
+        for j in k + 1..nums {
+            idx[j] = idx[j - 1] + 1;
+        }
+    }
+    best.map(|(_, idx)| {
+        idx.iter()
+            .filter_map(|&i| gathered.get(i).copied())
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// The node's CPU and memory, when it tracks them (the simulator).
@@ -813,6 +954,109 @@ mod tests {
         assert!(!order_independent(&r));
     }
 
+    /// HAMi v2.10 NVIDIA `Fit` (pkg/device/nvidia/device.go): under `mutex`
+    /// a GPU with any container (`Used > 0`) is skipped as
+    /// `ExclusiveDeviceAllocateConflict`, however much room it has left;
+    /// the check comes right after the slot check.
+    #[test]
+    fn mutex_refuses_every_gpu_already_in_use() {
+        let mut n = mk_node("a", 3, 10, 1000);
+        n.usage[0].used = 1;
+        n.usage[0].usedmem = 10;
+        n.usage[1].used = 10;
+        let c = Constraints {
+            mutex: true,
+            ..Constraints::default()
+        };
+        let p = fit_container(&n, &n.usage, &order(&n), &req(1, 100, 10), &c).unwrap();
+        assert_eq!(p[0].gpu, 2);
+        n.usage[2].used = 1;
+        let f = fit_container(&n, &n.usage, &order(&n), &req(1, 100, 10), &c).unwrap_err();
+        assert_eq!(
+            f.to_string(),
+            "1/3 CardTimeSlicingExhausted, 2/3 ExclusiveDeviceAllocateConflict"
+        );
+    }
+
+    /// Six GPUs `a`..`f` with HAMi's pair scores from its own test
+    /// (pkg/scheduler/score_test.go `Test_Nvidia_GPU_Topology`), in list
+    /// order, each with one container, 2048 of 8192 MiB and 1 core used.
+    fn hami_topology_node(scores: [[i64; 6]; 6]) -> Node {
+        use proto::hami::pair_score::DevicePairScore;
+        let mut n = mk_node("a", 6, 4, 8192);
+        for (pos, u) in n.usage.iter_mut().enumerate() {
+            *u = GpuUse {
+                used: 1,
+                usedmem: 2048,
+                usedcores: 1,
+            };
+            n.gpus[pos].numa = u32::from(pos >= 2);
+        }
+        let list: Vec<DevicePairScore> = (0..6)
+            .map(|a| DevicePairScore {
+                uuid: format!("GPU-a-{a}"),
+                score: (0..6)
+                    .filter(|b| *b != a)
+                    .map(|b| (format!("GPU-a-{b}"), scores[a][b]))
+                    .collect(),
+            })
+            .collect();
+        n.set_pair_scores(&list);
+        n
+    }
+
+    fn topology() -> Constraints {
+        Constraints {
+            topology: true,
+            ..Constraints::default()
+        }
+    }
+
+    #[test]
+    fn topology_aware_takes_the_best_linked_gpus_as_hamis_test_does() {
+        // a and c link to f at 100, every other pair at 1: HAMi picks
+        // [f, c, a], in walk order (from the end of the list).
+        let mut s = [[1; 6]; 6];
+        for (x, y) in [(0, 5), (2, 5)] {
+            s[x][y] = 100;
+            s[y][x] = 100;
+        }
+        let n = hami_topology_node(s);
+        let p = fit_container(&n, &n.usage, &order(&n), &req(3, 1024, 20), &topology()).unwrap();
+        assert_eq!(p.iter().map(|p| p.gpu).collect::<Vec<_>>(), vec![5, 2, 0]);
+        assert!(p.iter().all(|p| p.usedmem == 1024 && p.usedcores == 20));
+    }
+
+    #[test]
+    fn topology_aware_gives_one_gpu_the_worst_linked_as_hamis_test_does() {
+        // Every pair at 100 but f's at 1: one GPU goes to f, keeping the
+        // well-linked GPUs for multi-GPU pods.
+        let mut s = [[100; 6]; 6];
+        for row in &mut s {
+            row[5] = 1;
+        }
+        s[5] = [1; 6];
+        let n = hami_topology_node(s);
+        let p = fit_container(&n, &n.usage, &order(&n), &req(1, 1024, 20), &topology()).unwrap();
+        assert_eq!(p.iter().map(|p| p.gpu).collect::<Vec<_>>(), vec![5]);
+    }
+
+    #[test]
+    fn topology_aware_without_scores_takes_the_first_walked_and_needs_enough() {
+        let mut n = mk_node("a", 4, 10, 1000);
+        let p = fit_container(&n, &n.usage, &[0, 1, 2, 3], &req(2, 100, 0), &topology()).unwrap();
+        assert_eq!(p.iter().map(|p| p.gpu).collect::<Vec<_>>(), vec![3, 2]);
+        n.usage[0].usedmem = 1000;
+        n.usage[1].usedmem = 1000;
+        n.usage[2].usedmem = 1000;
+        let f =
+            fit_container(&n, &n.usage, &[0, 1, 2, 3], &req(2, 100, 0), &topology()).unwrap_err();
+        assert_eq!(
+            f.to_string(),
+            "1/4 AllocatedCardsInsufficientRequest, 3/4 CardInsufficientMemory"
+        );
+    }
+
     /// A GPU state and a request drawn so that every skip rule is reachable.
     fn gpu_state() -> impl proptest::strategy::Strategy<Value = (bool, bool, u32, u64, u32, bool)> {
         use proptest::prelude::*;
@@ -851,6 +1095,8 @@ mod tests {
             nouse in proptest::collection::vec(proptest::sample::select(vec!["t4", "a100"]), 0..2),
             cpu in 0u64..3000,
             seed in 0u64..1000,
+            mutex in proptest::bool::ANY,
+            topology in proptest::bool::ANY,
         ) {
             let mut n = mk_node("a", u32::try_from(gpus.len()).unwrap(), 3, 1000)
                 .with_capacity(NodeCapacity { cpu_milli: 2000, memory_mib: 1 << 20 });
@@ -871,6 +1117,8 @@ mod tests {
                 constraints: Constraints {
                     use_types: types.into_iter().map(str::to_owned).collect(),
                     nouse_types: nouse.into_iter().map(str::to_owned).collect(),
+                    mutex,
+                    topology,
                     ..Constraints::default()
                 },
                 ..PodRequest::default()

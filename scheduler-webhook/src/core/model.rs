@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use proto::hami::mig::{MigProfile, known_profiles};
+use proto::hami::pair_score::DevicePairScore;
 use proto::hami::register::{MODE_MIG, NodeDevice};
 
 /// Index of a node in [`Cluster::nodes`].
@@ -100,6 +101,10 @@ pub struct Node {
     pub used_cpu_milli: u64,
     /// Memory taken by placed pods, MiB.
     pub used_memory_mib: u64,
+    /// How well each pair of GPUs is linked (`hami.io/node-nvidia-score`),
+    /// by position: row `a`, column `b` at `a * gpus.len() + b`. Empty when
+    /// the node publishes none: every pair scores 0.
+    pub pair_scores: Vec<i64>,
 }
 
 impl Node {
@@ -145,7 +150,44 @@ impl Node {
             capacity: None,
             used_cpu_milli: 0,
             used_memory_mib: 0,
+            pair_scores: Vec::new(),
         }
+    }
+
+    /// Takes the node's pair scores (`hami.io/node-nvidia-score`). As HAMi's
+    /// `GetNodeDevices` does, a GPU takes the first entry with its UUID, and
+    /// a pair missing from it scores 0; entries for other UUIDs are ignored.
+    pub fn set_pair_scores(&mut self, scores: &[DevicePairScore]) {
+        let n = self.gpus.len();
+        let mut matrix = vec![0; n * n];
+        for (a, ga) in self.gpus.iter().enumerate() {
+            let Some(entry) = scores.iter().find(|s| s.uuid == ga.uuid) else {
+                continue;
+            };
+            for (b, gb) in self.gpus.iter().enumerate() {
+                if a != b
+                    && let Some(cell) = matrix.get_mut(a * n + b)
+                {
+                    *cell = entry.score.get(&gb.uuid).copied().unwrap_or(0);
+                }
+            }
+        }
+        self.pair_scores = if matrix.iter().all(|s| *s == 0) {
+            Vec::new()
+        } else {
+            matrix
+        };
+    }
+
+    /// How well the GPU at position `a` is linked to the one at `b`, as the
+    /// score `a` publishes for `b` (0 when none is published).
+    #[must_use]
+    pub fn pair_score(&self, a: usize, b: usize) -> i64 {
+        let n = self.gpus.len();
+        if a >= n || b >= n {
+            return 0;
+        }
+        self.pair_scores.get(a * n + b).copied().unwrap_or(0)
     }
 
     /// Sets the CPU/memory capacity to check pods against.
@@ -373,6 +415,29 @@ mod tests {
         assert!(n.fits_cpu_memory(1000, 100));
         assert!(!n.fits_cpu_memory(1001, 100));
         assert!(!n.fits_cpu_memory(1000, 101));
+    }
+
+    #[test]
+    fn pair_scores_are_read_by_uuid_and_missing_pairs_score_zero() {
+        let mut n = mk_node("a", 3, 10, 1000);
+        let entry = |uuid: &str, peers: &[(&str, i64)]| DevicePairScore {
+            uuid: uuid.to_owned(),
+            score: peers.iter().map(|(p, s)| ((*p).to_owned(), *s)).collect(),
+        };
+        n.set_pair_scores(&[
+            entry("GPU-other", &[("GPU-a-1", 999)]),
+            entry("GPU-a-0", &[("GPU-a-1", 200), ("GPU-a-2", 10)]),
+            entry("GPU-a-0", &[("GPU-a-1", 7)]),
+            entry("GPU-a-1", &[("GPU-a-0", 200)]),
+        ]);
+        assert_eq!(n.pair_score(0, 1), 200, "the first entry of a UUID wins");
+        assert_eq!(n.pair_score(0, 2), 10);
+        assert_eq!(n.pair_score(1, 0), 200);
+        assert_eq!(n.pair_score(1, 2), 0, "missing pair");
+        assert_eq!(n.pair_score(2, 0), 0, "GPU without an entry");
+        assert_eq!(n.pair_score(0, 9), 0);
+        n.set_pair_scores(&[]);
+        assert!(n.pair_scores.is_empty());
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! - `binpack` / `spread`: HAMi's node score (usage before the pod; the
 //!   highest wins for binpack, the lowest for spread) and HAMi's GPU order
-//!   inside the node;
+//!   inside the node, by the GPU policy (`gpu-scheduler-policy`: `binpack`,
+//!   `spread`, `numa`, and the filters `mutex` and `topology-aware`, alone
+//!   or chained) and the pod's GPU score weights;
 //! - `fgd`: the node and GPU whose placement increases fragmentation the
 //!   least ([`crate::core::fgd`]);
 //! - `bestfit`: the node whose leftover after placement is smallest,
@@ -13,10 +15,12 @@
 //! Ties between nodes break with the caller's seeded generator, so a run is
 //! reproducible.
 
+use std::borrow::Cow;
+
 use proto::hami::pod_devices::{ContainerDevice, PodDevices};
 
 use crate::core::fgd::FgdIndex;
-pub use crate::core::kinds::{GpuPolicy, Policy, PolicyError};
+pub use crate::core::kinds::{GpuPolicy, GpuPolicyName, Policy, PolicyError};
 
 use crate::core::fit::{FitFailure, PodPicks, check_pod, fit_pod, order_independent};
 use crate::core::model::{Cluster, Node, NodeId};
@@ -31,7 +35,8 @@ pub struct SchedulerConfig {
     pub node_policy: Policy,
     /// GPU policy (HAMi default `spread`).
     pub gpu_policy: GpuPolicy,
-    /// GPU score weights.
+    /// GPU score weights of a pod without `hami.io/device-scoring-weights`
+    /// (HAMi: 1 each).
     pub weights: ScoringWeights,
 }
 
@@ -39,7 +44,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             node_policy: Policy::Binpack,
-            gpu_policy: GpuPolicy::Spread,
+            gpu_policy: GpuPolicy::SPREAD,
             weights: ScoringWeights::default(),
         }
     }
@@ -283,7 +288,7 @@ fn by_verdict(
     parallel_min: usize,
 ) -> Result<Decision, ScheduleError> {
     let policy = req.node_policy.unwrap_or(cfg.node_policy);
-    let gpu_policy = req.gpu_policy.unwrap_or(cfg.gpu_policy);
+    let (gpu_policy, weights) = gpu_choice(req, cfg);
     let scan = if ids.len() >= parallel_min.max(2) {
         let (first, second) = ids.split_at(ids.len() / 2);
         let (mut rng_first, mut rng_second) = (
@@ -311,7 +316,7 @@ fn by_verdict(
         return Err(ScheduleError::NoNodeFits { failed });
     };
     let (mut order, mut scores) = (Vec::new(), Vec::new());
-    gpu_order_into(node, req, gpu_policy, &cfg.weights, &mut order, &mut scores);
+    gpu_order_into(node, req, gpu_policy, &weights, &mut order, &mut scores);
     match fit_pod(node, req, &order) {
         Ok(picks) => Ok(Decision {
             node: id,
@@ -327,6 +332,29 @@ fn by_verdict(
     }
 }
 
+/// The pod's GPU policy and score weights: its annotations, else the
+/// cluster's.
+fn gpu_choice(req: &PodRequest, cfg: &SchedulerConfig) -> (GpuPolicy, ScoringWeights) {
+    (
+        req.gpu_policy.unwrap_or(cfg.gpu_policy),
+        req.weights.unwrap_or(cfg.weights),
+    )
+}
+
+/// The request with the GPU policy's filters (`mutex`, `topology-aware`) in
+/// its constraints, so every fit of every node policy applies them;
+/// borrowed as it is when they are already right (the common case).
+fn with_filters<'a>(req: &'a PodRequest, gpu_policy: GpuPolicy) -> Cow<'a, PodRequest> {
+    let (mutex, topology) = (gpu_policy.mutex(), gpu_policy.topology_aware());
+    if req.constraints.mutex == mutex && req.constraints.topology == topology {
+        return Cow::Borrowed(req);
+    }
+    let mut owned = req.clone();
+    owned.constraints.mutex = mutex;
+    owned.constraints.topology = topology;
+    Cow::Owned(owned)
+}
+
 /// Chooses a node and GPUs for the pod among `candidates`.
 ///
 /// # Errors
@@ -340,7 +368,8 @@ pub fn schedule(
     rng: &mut SplitMix64,
 ) -> Result<Decision, ScheduleError> {
     let policy = req.node_policy.unwrap_or(cfg.node_policy);
-    let gpu_policy = req.gpu_policy.unwrap_or(cfg.gpu_policy);
+    let (gpu_policy, weights) = gpu_choice(req, cfg);
+    let req = &*with_filters(req, gpu_policy);
     if policy == Policy::Fgd && fgd.is_none() {
         return Err(ScheduleError::MissingFgdIndex);
     }
@@ -358,7 +387,7 @@ pub fn schedule(
         // (key, secondary key): higher wins; equal keys break by seed.
         let placed = match policy {
             Policy::Binpack | Policy::Spread => {
-                gpu_order_into(node, req, gpu_policy, &cfg.weights, &mut order, &mut scores);
+                gpu_order_into(node, req, gpu_policy, &weights, &mut order, &mut scores);
                 fit_pod(node, req, &order).map(|p| ((hami_key(policy, node), 0.0), p))
             }
             Policy::BestFit => {
@@ -378,8 +407,8 @@ pub fn schedule(
                 gpu_order_into(
                     node,
                     req,
-                    GpuPolicy::Binpack,
-                    &cfg.weights,
+                    GpuPolicy::BINPACK,
+                    &weights,
                     &mut order,
                     &mut scores,
                 );
@@ -479,11 +508,11 @@ mod tests {
         let req = pod(1, 100, 10);
         let cases = [
             // node policy, gpu policy, node, gpu
-            (Policy::Binpack, GpuPolicy::Binpack, 0, 0),
-            (Policy::Binpack, GpuPolicy::Spread, 0, 1),
+            (Policy::Binpack, GpuPolicy::BINPACK, 0, 0),
+            (Policy::Binpack, GpuPolicy::SPREAD, 0, 1),
             // b's GPUs tie: the walk from the end takes the last one.
-            (Policy::Spread, GpuPolicy::Spread, 1, 1),
-            (Policy::Spread, GpuPolicy::Binpack, 1, 1),
+            (Policy::Spread, GpuPolicy::SPREAD, 1, 1),
+            (Policy::Spread, GpuPolicy::BINPACK, 1, 1),
         ];
         for (np, gp, node, gpu) in cases {
             let cfg = SchedulerConfig {
@@ -505,6 +534,92 @@ mod tests {
         let mut req = pod(1, 100, 10);
         req.node_policy = Some(Policy::Spread);
         assert_eq!(run(&c, SchedulerConfig::default(), &req).node, 1);
+    }
+
+    /// HAMi's composable-policy post (v2.10, "A Worked Example: One Pod,
+    /// Four Cards"): four T4s, GPU 0 with two tenants, GPU 1 with one,
+    /// GPUs 2 and 3 idle; a `mutex,binpack` pod asking 1000 MiB. `mutex`
+    /// removes GPUs 0 and 1 although plain `binpack` takes GPU 0; the idle
+    /// two tie under `binpack` and the index decides. The post says GPU 2;
+    /// HAMi's code sorts the lower index first and its `Fit` walks from the
+    /// end, which gives GPU 3, and we follow the code (see docs/protocol.md).
+    #[test]
+    fn mutex_binpack_takes_an_idle_gpu_as_hamis_worked_example() {
+        let mut c = Cluster::new(vec![mk_node("a", 4, 10, 15_360)]);
+        let node = c.node_mut(0).unwrap();
+        node.usage[0] = GpuUse {
+            used: 2,
+            usedmem: 2000,
+            usedcores: 0,
+        };
+        node.usage[1] = GpuUse {
+            used: 1,
+            usedmem: 1000,
+            usedcores: 0,
+        };
+        let mut req = pod(1, 1000, 0);
+        req.gpu_policy = Some(GpuPolicy::BINPACK);
+        assert_eq!(
+            run(&c, SchedulerConfig::default(), &req).picks.app[0][0].gpu,
+            0
+        );
+        req.gpu_policy = Some("mutex,binpack".parse().unwrap());
+        assert_eq!(
+            run(&c, SchedulerConfig::default(), &req).picks.app[0][0].gpu,
+            3
+        );
+    }
+
+    /// The cluster's `gpuSchedulerPolicy` applies the same filters as the
+    /// annotation, and a pod's annotation replaces it.
+    #[test]
+    fn a_mutex_cluster_default_refuses_shared_gpus_and_a_pod_can_opt_out() {
+        let c = Cluster::new(vec![mk_node("a", 1, 10, 1000)]);
+        let mut c = c;
+        c.node_mut(0).unwrap().usage[0].used = 1;
+        let cfg = SchedulerConfig {
+            gpu_policy: GpuPolicy::parse_exact("mutex").unwrap(),
+            ..SchedulerConfig::default()
+        };
+        let err = schedule(
+            &c,
+            &pod(1, 10, 0),
+            0..1,
+            &cfg,
+            None,
+            &mut SplitMix64::new(1),
+        )
+        .unwrap_err();
+        let ScheduleError::NoNodeFits { failed } = err else {
+            panic!("{err}")
+        };
+        assert_eq!(
+            failed[0].1.to_string(),
+            "1/1 ExclusiveDeviceAllocateConflict"
+        );
+        let mut req = pod(1, 10, 0);
+        req.gpu_policy = Some(GpuPolicy::SPREAD);
+        assert!(schedule(&c, &req, 0..1, &cfg, None, &mut SplitMix64::new(1)).is_ok());
+    }
+
+    /// `hami.io/device-scoring-weights` (HAMi docs/develop/scheduler-policy.md):
+    /// the pod's weights replace the cluster's for its GPU order.
+    #[test]
+    fn a_pods_scoring_weights_replace_the_default() {
+        let mut c = Cluster::new(vec![mk_node("a", 2, 10, 1000)]);
+        let node = c.node_mut(0).unwrap();
+        node.usage[0].usedcores = 60;
+        node.usage[1].usedmem = 400;
+        let mut req = pod(1, 100, 10);
+        assert_eq!(
+            run(&c, SchedulerConfig::default(), &req).picks.app[0][0].gpu,
+            1
+        );
+        req.weights = Some("slot=1,core=1,memory=3".parse().unwrap());
+        assert_eq!(
+            run(&c, SchedulerConfig::default(), &req).picks.app[0][0].gpu,
+            0
+        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! What a pod asks of the GPU scheduler, per container, exactly as HAMi
 //! reads it (spec §3): `nvidia.com/gpu` count, `gpumem` MiB or
 //! `gpumem-percentage`, `gpucores`, the `defaultMemory`/`defaultCores`
-//! defaults, type/UUID allow and deny lists, numa-bind, the sharing mode and
-//! per-pod policies.
+//! defaults, type/UUID allow and deny lists, numa-bind, the sharing mode,
+//! per-pod policies and GPU score weights.
 //!
 //! The input is a [`PodSpecLite`]: resource quantities already parsed to
 //! integers and the annotation map, so this module does not depend on
@@ -10,7 +10,9 @@
 
 use std::collections::BTreeMap;
 
+use proto::hami::keys::DEVICE_SCORING_WEIGHTS;
 use proto::hami::resources::ResourceNames;
+use proto::hami::scoring_weights::{DeviceScoringWeights, WeightsError};
 
 use crate::core::kinds::{GpuPolicy, Policy, PolicyError};
 
@@ -65,6 +67,10 @@ pub enum RequestError {
     /// A policy annotation names no supported policy.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// `hami.io/device-scoring-weights` is not a value HAMi accepts; the
+    /// message names the annotation, the value and what is wrong.
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
 }
 
 /// One container as the scheduler needs it: resource quantities as
@@ -176,6 +182,13 @@ pub struct Constraints {
     pub numa_bind: bool,
     /// The device mode must be a substring of this, when set.
     pub vgpu_mode: Option<String>,
+    /// Only GPUs no container uses may be picked (`mutex` in the GPU
+    /// policy; set by [`crate::core::policy::schedule`] from the pod's or
+    /// the cluster's policy).
+    pub mutex: bool,
+    /// Every fitting GPU is gathered and the pick made by pair scores
+    /// (`topology-aware` in the GPU policy; set like [`Self::mutex`]).
+    pub topology: bool,
     /// Room left in the pod's namespace quota (`None`: no quota, the
     /// common case, which costs the fit nothing).
     pub quota: Option<QuotaRoom>,
@@ -263,6 +276,8 @@ pub struct PodRequest {
     pub node_policy: Option<Policy>,
     /// `hami.io/gpu-scheduler-policy`, when set.
     pub gpu_policy: Option<GpuPolicy>,
+    /// `hami.io/device-scoring-weights`, when set.
+    pub weights: Option<DeviceScoringWeights>,
     /// CPU, milli-cores.
     pub cpu_milli: u64,
     /// Memory, MiB.
@@ -270,10 +285,13 @@ pub struct PodRequest {
 }
 
 impl PodRequest {
-    /// Reads a pod's requests.
+    /// Reads a pod's requests. The policy and weight annotations are read
+    /// only when a container asks for a GPU: HAMi's filter returns every
+    /// node for any other pod before it looks at them.
     ///
     /// # Errors
-    /// A negative or out-of-range quantity, or an unknown policy name.
+    /// A negative or out-of-range quantity, an unknown policy name, or a
+    /// `hami.io/device-scoring-weights` value HAMi refuses.
     pub fn from_pod(pod: &PodSpecLite, cfg: &RequestConfig) -> Result<Self, RequestError> {
         let read = |cs: &[ContainerLite]| -> Result<Vec<Option<DeviceRequest>>, RequestError> {
             cs.iter().map(|c| container_request(c, cfg)).collect()
@@ -306,27 +324,31 @@ impl PodRequest {
                 .get(NUMA_BIND)
                 .is_some_and(|v| go_parse_bool(v.trim())),
             vgpu_mode: pod.annotations.get(VGPU_MODE).cloned(),
+            mutex: false,
+            topology: false,
             quota: None,
         };
-        let node_policy = pod
-            .annotations
-            .get(NODE_POLICY)
-            .map(|v| v.parse::<Policy>())
-            .transpose()?;
-        let gpu_policy = pod
-            .annotations
-            .get(GPU_POLICY)
-            .map(|v| v.parse::<GpuPolicy>())
-            .transpose()?;
-        Ok(Self {
+        let mut request = Self {
             init: read(&pod.init_containers)?,
             app: read(&pod.containers)?,
             constraints,
-            node_policy,
-            gpu_policy,
             cpu_milli: pod.cpu_milli,
             memory_mib: pod.memory_mib,
-        })
+            ..Self::default()
+        };
+        if request.wants_gpu() {
+            let annotation = |key: &str| pod.annotations.get(key);
+            request.node_policy = annotation(NODE_POLICY)
+                .map(|v| v.parse::<Policy>())
+                .transpose()?;
+            request.gpu_policy = annotation(GPU_POLICY)
+                .map(|v| v.parse::<GpuPolicy>())
+                .transpose()?;
+            request.weights = annotation(DEVICE_SCORING_WEIGHTS)
+                .map(|v| v.parse::<DeviceScoringWeights>())
+                .transpose()?;
+        }
+        Ok(request)
     }
 
     /// Whether any container asks for a GPU.
@@ -568,7 +590,7 @@ mod tests {
         assert!(r.constraints.nouse_uuids.is_empty());
         assert!(r.constraints.numa_bind);
         assert_eq!(r.node_policy, Some(Policy::Spread));
-        assert_eq!(r.gpu_policy, Some(GpuPolicy::Binpack));
+        assert_eq!(r.gpu_policy, Some(GpuPolicy::BINPACK));
         assert!(r.constraints.type_allows("NVIDIA-Tesla T4", "hami-core"));
         assert!(!r.constraints.type_allows("NVIDIA-Tesla V100", "hami-core"));
         assert!(!r.constraints.type_allows("NVIDIA A100 MIG", "hami-core"));
@@ -579,11 +601,53 @@ mod tests {
 
         pod.annotations.insert(NUMA_BIND.into(), "yes".into());
         pod.annotations
-            .insert(GPU_POLICY.into(), "topology-aware".into());
-        assert!(PodRequest::from_pod(&pod, &RequestConfig::default()).is_err());
-        pod.annotations.remove(GPU_POLICY);
+            .insert(GPU_POLICY.into(), "mutex, binpack,numa".into());
         let r = PodRequest::from_pod(&pod, &RequestConfig::default()).unwrap();
         assert!(!r.constraints.numa_bind, "Go ParseBool rejects 'yes'");
+        assert_eq!(
+            r.gpu_policy.map(|p| p.to_string()).as_deref(),
+            Some("mutex,binpack,numa")
+        );
+        pod.annotations
+            .insert(GPU_POLICY.into(), "binpack,nmua".into());
+        let err = PodRequest::from_pod(&pod, &RequestConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("\"nmua\""), "{err}");
+    }
+
+    #[test]
+    fn scoring_weights_are_read_and_a_bad_value_names_the_annotation_and_the_part() {
+        let mut pod = PodSpecLite {
+            containers: vec![ctr(&[(GPU, 1)])],
+            ..PodSpecLite::default()
+        };
+        let cfg = RequestConfig::default();
+        assert_eq!(PodRequest::from_pod(&pod, &cfg).unwrap().weights, None);
+        pod.annotations.insert(
+            DEVICE_SCORING_WEIGHTS.into(),
+            "slot=1,core=1,memory=3".into(),
+        );
+        let r = PodRequest::from_pod(&pod, &cfg).unwrap();
+        assert_eq!(
+            r.weights,
+            Some(DeviceScoringWeights {
+                slot: 1,
+                core: 1,
+                memory: 3
+            })
+        );
+        pod.annotations.insert(
+            DEVICE_SCORING_WEIGHTS.into(),
+            "slot=1,core=-1,memory=3".into(),
+        );
+        let err = PodRequest::from_pod(&pod, &cfg).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid hami.io/device-scoring-weights annotation \"slot=1,core=-1,memory=3\": \"core\" weight must not be negative"
+        );
+        // A pod asking for no GPU is not read further (HAMi passes it through).
+        pod.containers = vec![ctr(&[])];
+        pod.annotations.insert(GPU_POLICY.into(), "nonsense".into());
+        assert!(!PodRequest::from_pod(&pod, &cfg).unwrap().wants_gpu());
     }
 
     #[test]

@@ -114,8 +114,8 @@ pub fn replay(
         return Err(ReplayError::NoGpu);
     }
     let gpu_policy = match spec.policy {
-        Policy::Spread => GpuPolicy::Spread,
-        _ => GpuPolicy::Binpack,
+        Policy::Spread => GpuPolicy::SPREAD,
+        _ => GpuPolicy::BINPACK,
     };
     let cfg = SchedulerConfig {
         node_policy: spec.policy,

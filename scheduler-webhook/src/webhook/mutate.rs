@@ -2,7 +2,10 @@
 //!
 //! Order of checks (HAMi's, `docs/protocol.md`): no containers → deny; a pod
 //! for another scheduler → untouched; per container (init first) validate
-//! and fill defaults; privileged + GPU → deny; route to our scheduler (a
+//! and fill defaults; an invalid `hami.io/device-scoring-weights` on a GPU
+//! pod → deny (HAMi v2.10 `pkg/scheduler/webhook.go`; the extender refuses
+//! it too, for pods that bypass the webhook); privileged + GPU → deny;
+//! route to our scheduler (a
 //! pre-set `spec.nodeName` → deny); strip allocation annotations a user
 //! forged. Quota is checked by the caller, which owns the quota view.
 
@@ -11,6 +14,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use proto::hami::keys;
+use proto::hami::scoring_weights::DeviceScoringWeights;
 
 use super::WebhookConfig;
 use crate::quantity::parse_whole;
@@ -95,6 +99,15 @@ pub fn mutate(pod: &Pod, config: &WebhookConfig) -> Verdict {
     }
     if !uses_gpu {
         return Verdict::Unchanged;
+    }
+    if let Some(weights) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::DEVICE_SCORING_WEIGHTS))
+        && let Err(e) = weights.parse::<DeviceScoringWeights>()
+    {
+        return Verdict::Denied(e.to_string());
     }
     if let Some(name) = privileged {
         return Verdict::Denied(format!(
@@ -282,6 +295,29 @@ mod tests {
     fn pod_without_gpu_request_is_not_mutated() {
         let p = gpu_pod(json!({"cpu": "1"}));
         assert_eq!(mutate(&p, &config()), Verdict::Unchanged);
+    }
+
+    #[test]
+    fn invalid_scoring_weights_deny_a_gpu_pod_only() {
+        // HAMi v2.10 pkg/scheduler/webhook.go: `GetDeviceScoringWeightsByPod`
+        // is checked when the pod has HAMi resources.
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1"}));
+        p.metadata.annotations = Some(BTreeMap::from([(
+            keys::DEVICE_SCORING_WEIGHTS.to_owned(),
+            "slot=1,core=2".to_owned(),
+        )]));
+        assert_eq!(
+            denied(mutate(&p, &config())),
+            "invalid hami.io/device-scoring-weights annotation \"slot=1,core=2\": expected slot, core, and memory weights"
+        );
+        let mut cpu_only = gpu_pod(json!({"cpu": "1"}));
+        cpu_only.metadata.annotations = p.metadata.annotations.clone();
+        assert_eq!(mutate(&cpu_only, &config()), Verdict::Unchanged);
+        p.metadata.annotations = Some(BTreeMap::from([(
+            keys::DEVICE_SCORING_WEIGHTS.to_owned(),
+            "slot=0,core=0,memory=1".to_owned(),
+        )]));
+        assert!(matches!(mutate(&p, &config()), Verdict::Mutated(_)));
     }
 
     #[test]

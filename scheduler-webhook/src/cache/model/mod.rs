@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod, ResourceQuota};
 use proto::hami::pod_devices::PodDevices;
-use proto::hami::register;
+use proto::hami::{pair_score, register};
 
 use self::health::Health;
 pub use self::overview::{FragmentationSnapshot, PendingPod};
@@ -80,6 +80,17 @@ pub enum DryRun {
 /// The reason given for a node that offers no GPUs (HAMi's words).
 pub const UNREGISTERED: &str = "node unregistered";
 
+/// A node annotation that does not decode; the node keeps what it had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    /// `hami.io/node-nvidia-register`.
+    #[error("hami.io/node-nvidia-register: {0}")]
+    Register(#[from] register::RegisterError),
+    /// `hami.io/node-nvidia-score`.
+    #[error("hami.io/node-nvidia-score: {0}")]
+    PairScores(#[from] pair_score::PairScoreError),
+}
+
 /// Scheduling configuration of the model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -99,6 +110,8 @@ pub struct ClusterModel {
     rng: SplitMix64,
     /// Last register annotation seen per node, so it is decoded only on change.
     registers: HashMap<String, String>,
+    /// Last pair score annotation seen per node (absent: none), likewise.
+    pair_scores: HashMap<String, String>,
     /// What the handshake reads, per GPU node (those with a register
     /// annotation), so the handshake pass reads the watch cache instead of
     /// listing every node.
@@ -175,6 +188,7 @@ impl ClusterModel {
             pods: PodBook::new(config.requests.memory_factor),
             config,
             registers: HashMap::new(),
+            pair_scores: HashMap::new(),
             handshakes: BTreeMap::new(),
             health: Health::default(),
             pod_relist_mark: 0,
@@ -188,20 +202,23 @@ impl ClusterModel {
         &self.cluster
     }
 
-    /// Applies a node from the watch. The register annotation is decoded
-    /// only when it changed; a node without one has no GPUs. Its handshake
-    /// decides, at the model's clock ([`Self::advance_clock`]), whether its
-    /// GPUs are offered ([`NodeHandshake::offer`]).
+    /// Applies a node from the watch. The register and pair score
+    /// annotations are decoded only when one changed; a node without a
+    /// register has no GPUs, one without pair scores scores every pair 0.
+    /// Its handshake decides, at the model's clock ([`Self::advance_clock`]),
+    /// whether its GPUs are offered ([`NodeHandshake::offer`]).
     ///
     /// # Errors
-    /// The register annotation does not decode; the node keeps its previous GPUs.
-    pub fn apply_node(&mut self, node: &KubeNode) -> Result<(), register::RegisterError> {
+    /// The register or pair score annotation does not decode; the node
+    /// keeps its previous GPUs and scores.
+    pub fn apply_node(&mut self, node: &KubeNode) -> Result<(), NodeError> {
         let Some(name) = node.metadata.name.as_deref() else {
             return Ok(());
         };
         let NodeAnnotations {
             register: value,
             cordoned,
+            pair_scores,
             handshake,
         } = node_annotations(node, &self.config.requests.names.resource_name);
         self.health.apply(name, handshake.as_ref());
@@ -209,17 +226,27 @@ impl ClusterModel {
             Some(h) => self.handshakes.insert(name.to_owned(), h),
             None => self.handshakes.remove(name),
         };
-        if self.registers.get(name) != Some(&value) || self.cluster.node_id(name).is_none() {
+        if self.registers.get(name) != Some(&value)
+            || self.pair_scores.get(name).map_or("", String::as_str) != pair_scores
+            || self.cluster.node_id(name).is_none()
+        {
             let devices = if value.is_empty() {
                 Vec::new()
             } else {
                 register::decode(&value)?
             };
+            let scores = if pair_scores.is_empty() {
+                Vec::new()
+            } else {
+                pair_score::decode(&pair_scores)?
+            };
             let mut fresh = Node::from_register(name, &devices);
             fresh.set_cordoned(&cordoned);
+            fresh.set_pair_scores(&scores);
             let id = self.cluster.upsert_node(fresh);
             self.pods.node_changed(id);
             self.registers.insert(name.to_owned(), value);
+            self.pair_scores.insert(name.to_owned(), pair_scores);
             self.pods.node_registered(&mut self.cluster, name);
         } else if let Some(id) = self.cluster.node_id(name)
             && let Some(existing) = self.cluster.node(id)
@@ -241,6 +268,7 @@ impl ClusterModel {
             self.pods.node_changed(id);
         }
         self.registers.remove(name);
+        self.pair_scores.remove(name);
         self.handshakes.remove(name);
         self.health.remove(name);
     }
@@ -648,6 +676,7 @@ impl ClusterModel {
         let NodeAnnotations {
             register: value,
             cordoned,
+            pair_scores,
             handshake,
         } = node_annotations(object, &self.config.requests.names.resource_name);
         let offered =
@@ -668,6 +697,11 @@ impl ClusterModel {
             return Err(UNREGISTERED.to_owned());
         }
         node.set_cordoned(&cordoned);
+        if !pair_scores.is_empty() {
+            let scores = pair_score::decode(&pair_scores)
+                .map_err(|e| format!("node pair score annotation does not decode: {e}"))?;
+            node.set_pair_scores(&scores);
+        }
         let Some(id) = self.cluster.node_id(name) else {
             return Ok(node);
         };

@@ -947,3 +947,88 @@ fn a_dry_run_on_a_real_node_counts_its_usage_but_not_the_pods_own_reservation() 
     assert_eq!(model.decision("a").map(|d| d.node.as_str()), Some("n1"));
     model.check().unwrap();
 }
+
+/// Item 14.2: an invalid `hami.io/device-scoring-weights` makes the filter
+/// answer an error naming the annotation and the bad part (HAMi v2.10
+/// `calcScoreWithOptions` returns `GetDeviceScoringWeightsByPod`'s error).
+#[test]
+fn invalid_scoring_weights_are_an_error_naming_the_annotation_and_the_part() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+    let pod = annotated(
+        slice_pod("w", 100, 10),
+        keys::DEVICE_SCORING_WEIGHTS,
+        "slot=1,core=1,mem=3",
+    );
+    let FilterOutcome::Invalid(why) = model.filter(&pod, &names(&["n1"])) else {
+        panic!("expected invalid");
+    };
+    assert_eq!(
+        why,
+        "invalid hami.io/device-scoring-weights annotation \"slot=1,core=1,mem=3\": unknown weight \"mem\""
+    );
+    let ok = annotated(
+        slice_pod("w", 100, 10),
+        keys::DEVICE_SCORING_WEIGHTS,
+        "slot=1,core=1,memory=3",
+    );
+    assert_eq!(placed_on(&model.filter(&ok, &names(&["n1"]))), "n1");
+}
+
+/// Item 14.1: the pair scores of `hami.io/node-nvidia-score` reach the
+/// core's `topology-aware` pick; a node without them still registers, and
+/// one whose scores do not decode keeps what it had.
+#[test]
+fn pair_scores_from_the_node_steer_topology_aware_pods() {
+    let mut model = ClusterModel::new(config());
+    let mut node = kube_node("n1", 3, 1000);
+    model.apply_node(&node).unwrap();
+    let pod = |uid: &str| {
+        let mut p = slice_pod(uid, 100, 10);
+        p.spec.as_mut().unwrap().containers[0]
+            .resources
+            .as_mut()
+            .unwrap()
+            .limits
+            .as_mut()
+            .unwrap()
+            .insert(
+                "nvidia.com/gpu".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()),
+            );
+        annotated(p, keys::GPU_SCHEDULER_POLICY, "topology-aware")
+    };
+    // No scores: the first two walked (spread order, ties by index: 2, 1).
+    let FilterOutcome::Placed { devices, .. } = model.filter(&pod("t1"), &names(&["n1"])) else {
+        panic!("expected a placement");
+    };
+    assert_eq!(
+        devices.to_string(),
+        "GPU-n1-2,NVIDIA,100,10:GPU-n1-1,NVIDIA,100,10:;"
+    );
+    model.release("t1");
+    // GPUs 0 and 2 are NVLinked.
+    node.metadata.annotations.as_mut().unwrap().insert(
+        keys::NODE_NVIDIA_SCORE.into(),
+        r#"[{"uuid":"GPU-n1-0","score":{"GPU-n1-1":10,"GPU-n1-2":200}},{"uuid":"GPU-n1-1","score":{"GPU-n1-0":10,"GPU-n1-2":10}},{"uuid":"GPU-n1-2","score":{"GPU-n1-0":200,"GPU-n1-1":10}}]"#.into(),
+    );
+    model.apply_node(&node).unwrap();
+    let FilterOutcome::Placed { devices, .. } = model.filter(&pod("t2"), &names(&["n1"])) else {
+        panic!("expected a placement");
+    };
+    assert_eq!(
+        devices.to_string(),
+        "GPU-n1-2,NVIDIA,100,10:GPU-n1-0,NVIDIA,100,10:;"
+    );
+    node.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(keys::NODE_NVIDIA_SCORE.into(), "[{".into());
+    let err = model.apply_node(&node).unwrap_err();
+    assert!(
+        err.to_string().starts_with("hami.io/node-nvidia-score: "),
+        "{err}"
+    );
+    assert_eq!(model.cluster().node(0).unwrap().pair_score(0, 2), 200);
+}
