@@ -184,6 +184,17 @@ async fn helm_install_into_the_real_apiserver_accepts_every_object() {
             // their CRDs (Certificate, Issuer, ServiceMonitor) are unknown.
             sets.push("scheduler.certManager.enabled=false".to_owned());
             sets.push("metrics.serviceMonitor.enabled=false".to_owned());
+            // The Grafana dashboards go to Grafana's namespace, which a
+            // cluster running Grafana has; create it as such a cluster would.
+            let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+                kube::Api::all(plane.admin_client().await.unwrap());
+            let monitoring = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitoring"}}))
+            .unwrap();
+            namespaces
+                .create(&kube::api::PostParams::default(), &monitoring)
+                .await
+                .unwrap();
         }
         let rendered = Release {
             name: release.into(),
