@@ -623,7 +623,10 @@ pub fn encode(region: &SharedRegion) -> Result<Vec<u8>, Error> {
                 put(m + k * 8, &v.to_le_bytes());
             }
             put(at + g.monitor_used + d * 8, &u.monitor_used.to_le_bytes());
-            put(at + g.util + d * g.util_stride + 16, &u.sm_util.to_le_bytes());
+            put(
+                at + g.util + d * g.util_stride + 16,
+                &u.sm_util.to_le_bytes(),
+            );
         }
     }
     put(g.tail, &proc_num.to_le_bytes());
@@ -689,7 +692,10 @@ mod tests {
         assert_eq!((g.procs, g.slot, g.tail), (1856, 1960, 2_008_896));
         let g = Geometry::of(Layout::V0);
         // The offsets HAMi's first monitor read v0 files at.
-        assert_eq!((g.device_num, g.uuids, g.limit, g.sm_limit), (0x30, 0x38, 0x638, 0x6b8));
+        assert_eq!(
+            (g.device_num, g.uuids, g.limit, g.sm_limit),
+            (0x30, 0x38, 0x638, 0x6b8)
+        );
         assert_eq!((g.procs, g.slot), (0x738, 1168));
     }
 
@@ -738,7 +744,11 @@ mod tests {
         );
         assert!(matches!(
             with(4, &2u32.to_le_bytes()),
-            Err(Error::UnknownVersion { major: 2, minor: 2, .. })
+            Err(Error::UnknownVersion {
+                major: 2,
+                minor: 2,
+                ..
+            })
         ));
         assert!(matches!(
             decode(&good[..good.len() - 2]),
@@ -833,19 +843,21 @@ mod tests {
                 0u64..1 << 50,
                 0u64..=100,
             )
-                .prop_map(|([context, module, data, offset, total], monitor_used, sm_util)| {
-                    ProcessDeviceUse {
-                        memory: MemoryUse {
-                            context,
-                            module,
-                            data,
-                            offset,
-                            total,
-                        },
-                        monitor_used,
-                        sm_util,
-                    }
-                });
+                .prop_map(
+                    |([context, module, data, offset, total], monitor_used, sm_util)| {
+                        ProcessDeviceUse {
+                            memory: MemoryUse {
+                                context,
+                                module,
+                                data,
+                                offset,
+                                total,
+                            },
+                            monitor_used,
+                            sm_util,
+                        }
+                    },
+                );
             let process = (
                 1i32..,
                 any::<i32>(),
