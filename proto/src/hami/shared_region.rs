@@ -342,7 +342,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::TooShort { .. } | Self::Length { .. } => "length",
-            Self::NotInitialized { .. } => "not_initialized",
+            Self::NotInitialized { .. } => "magic",
             Self::UnknownVersion { .. } => "version",
             Self::DeviceCount { .. } | Self::ProcessCount { .. } => "count",
             Self::Uuid { .. } => "uuid",
