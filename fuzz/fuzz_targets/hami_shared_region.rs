@@ -25,7 +25,7 @@ fn check(bytes: &[u8]) {
 
 fn expand(data: &[u8]) -> Option<Vec<u8>> {
     let (&pick, rest) = data.split_first()?;
-    let layout = if pick % 2 == 0 {
+    let layout = if pick.is_multiple_of(2) {
         Layout::V0
     } else {
         Layout::V1 { minor: 0 }

@@ -118,7 +118,7 @@ fn compact(region: &SharedRegion) -> Vec<u8> {
 
 /// The fuzz target's expansion, written again (the target is its own crate).
 fn expand(data: &[u8]) -> Vec<u8> {
-    let layout = if data[0] % 2 == 0 {
+    let layout = if data[0].is_multiple_of(2) {
         Layout::V0
     } else {
         Layout::V1 { minor: 0 }
