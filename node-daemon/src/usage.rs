@@ -84,12 +84,15 @@ pub struct Observed {
 }
 
 /// The one `.cache` file of a container folder; `None` when HAMi-core has
-/// not created it yet.
+/// not created it yet. Symbolic links and other non-regular entries are
+/// not candidates: the folder is writable from inside the container.
 fn cache_file(dir: &Path) -> Result<Option<PathBuf>, Unreadable> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(Unreadable::Io)? {
-        let path = entry.map_err(Unreadable::Io)?.path();
-        if path.extension().is_some_and(|e| e == "cache") && path.is_file() {
+        let entry = entry.map_err(Unreadable::Io)?;
+        let path = entry.path();
+        let regular = entry.file_type().map_err(Unreadable::Io)?.is_file();
+        if regular && path.extension().is_some_and(|e| e == "cache") {
             found.push(path);
         }
     }
@@ -100,12 +103,35 @@ fn cache_file(dir: &Path) -> Result<Option<PathBuf>, Unreadable> {
     }
 }
 
+/// Reads a file a container controls: never through a symbolic link
+/// (`O_NOFOLLOW`, so it cannot be swapped for one after the listing), never
+/// waiting on a FIFO (`O_NONBLOCK`), only a regular file, and at most one
+/// byte more than the longest layout whatever it grows to meanwhile.
 fn read_region(file: &Path) -> Result<SharedRegion, Unreadable> {
-    let len = std::fs::metadata(file).map_err(Unreadable::Io)?.len();
-    if usize::try_from(len).map_or(true, |l| l > shared_region::MAX_FILE_LEN) {
-        return Err(Unreadable::TooLong(len));
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(file)
+        .map_err(Unreadable::Io)?;
+    let meta = f.metadata().map_err(Unreadable::Io)?;
+    if !meta.is_file() {
+        return Err(Unreadable::Io(std::io::Error::other("not a regular file")));
     }
-    let bytes = std::fs::read(file).map_err(Unreadable::Io)?;
+    let max = shared_region::MAX_FILE_LEN as u64;
+    if meta.len() > max {
+        return Err(Unreadable::TooLong(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(shared_region::MAX_FILE_LEN);
+    (&mut f)
+        .take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(Unreadable::Io)?;
+    if bytes.len() as u64 > max {
+        return Err(Unreadable::TooLong(bytes.len() as u64));
+    }
     Ok(shared_region::decode(&bytes)?)
 }
 
@@ -247,7 +273,21 @@ mod tests {
         folder(root.path(), "u1_starting", &[("s.cache", &uninit)]);
         folder(root.path(), "other-pod_app", &[("o.cache", &good)]);
         folder(root.path(), "no-underscore", &[("o.cache", &good)]);
+        // A link planted by the container is not followed.
+        std::fs::create_dir_all(root.path().join("u1_link")).unwrap();
+        std::os::unix::fs::symlink(
+            root.path().join("u1_app/abc.cache"),
+            root.path().join("u1_link/l.cache"),
+        )
+        .unwrap();
 
+        assert_eq!(
+            read_region(&root.path().join("u1_link/l.cache"))
+                .unwrap_err()
+                .kind(),
+            "io",
+            "even when named directly"
+        );
         let scan = scan(root.path(), &names());
         assert_eq!(scan.containers.len(), 1);
         let c = &scan.containers[0];
