@@ -220,6 +220,9 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
                 inventory: inventory.clone(),
                 gpus: gpu_pool.clone(),
                 names,
+                containers: settings.hook_path.join("vgpu/containers"),
+                devices: Arc::clone(&devices),
+                cache_errors: crate::metrics::CacheErrors::default(),
             };
             let server = crate::metrics::serve(address, sources)
                 .map_err(|source| RunError::Metrics { address, source })?;

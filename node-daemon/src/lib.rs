@@ -40,3 +40,4 @@ pub mod settings;
 pub mod telemetry;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+pub mod usage;

@@ -838,3 +838,87 @@ async fn a_deleted_pod_frees_its_slices_without_waiting_for_an_allocate() {
     .await;
     node.stop().await;
 }
+
+#[actix::test]
+async fn metrics_show_what_hami_core_reports_per_container() {
+    use proto::hami::shared_region::{
+        Device, Layout, MemoryUse, Process, ProcessDeviceUse, SharedRegion, encode,
+    };
+
+    let cluster = MemoryCluster::new();
+    let metrics = free_port();
+    let api = Arc::new(cluster.clone());
+    let node = Node::start_with(10, cluster.clone(), api, None, Some(metrics)).await;
+    let a = node.uuids[0].clone();
+    cluster.put_pod(
+        NODE,
+        bound_pod("train", &["app"], &format!("{a},NVIDIA,3000,30:;")),
+    );
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("train")));
+    let mut client = node.client().await;
+    client
+        .allocate(allocate_request(&[format!("{a}-1")]))
+        .await
+        .unwrap();
+
+    // HAMi-core in the container: one process holding 1000 MiB at 25 % SM.
+    let containers = node.dir.path().join("hook/vgpu/containers");
+    let region = SharedRegion {
+        layout: Layout::V1 { minor: 2 },
+        devices: vec![Device {
+            uuid: Some(a.clone()),
+            memory_limit: 3000 << 20,
+            sm_limit: 30,
+        }],
+        processes: vec![Process {
+            pid: 7,
+            host_pid: 4242,
+            status: 1,
+            devices: vec![ProcessDeviceUse {
+                memory: MemoryUse {
+                    context: 300 << 20,
+                    module: 0,
+                    data: 700 << 20,
+                    offset: 0,
+                    total: 1000 << 20,
+                },
+                monitor_used: 1000 << 20,
+                sm_util: 25,
+            }],
+        }],
+        utilization_switch: 1,
+        recent_kernel: 2,
+        priority: 1,
+        last_kernel_time: Some(0),
+    };
+    std::fs::write(
+        containers.join("uid-train_app/0123.cache"),
+        encode(&region).unwrap(),
+    )
+    .unwrap();
+    // A container whose file is torn: skipped and counted, the rest still shown.
+    std::fs::create_dir_all(containers.join("uid-train_other")).unwrap();
+    std::fs::write(
+        containers.join("uid-train_other/0456.cache"),
+        &encode(&region).unwrap()[..4096],
+    )
+    .unwrap();
+
+    let text = http_get(metrics, "/metrics").await;
+    let labels = format!(
+        "{{namespace=\"ns\",pod=\"train\",container=\"app\",vdevice_index=\"0\",device_uuid=\"{a}\"}}"
+    );
+    for line in [
+        format!("hami_vgpu_memory_used_bytes{labels} 1048576000.0"),
+        format!("hami_vgpu_memory_limit_bytes{labels} 3145728000.0"),
+        format!("hami_container_device_utilization_ratio{labels} 25.0"),
+        format!(
+            "hami_host_gpu_memory_used_bytes{{node=\"{NODE}\",device_uuid=\"{a}\",device_index=\"0\",device_type=\"NVIDIA-Tesla T4\"}} 0.0"
+        ),
+        "gpuslice_hami_core_cache_errors_total{reason=\"length\"} 1".to_owned(),
+    ] {
+        assert!(text.contains(&line), "{line} not in {text}");
+    }
+    assert!(!text.contains("container=\"other\""), "{text}");
+    node.stop().await;
+}

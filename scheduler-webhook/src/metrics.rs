@@ -30,6 +30,50 @@ pub struct GpuLabels {
     device_type: String,
 }
 
+/// Labels of `hami_node_gpu_overview` (HAMi's: capacity as label values,
+/// cores and MiB as integers).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OverviewLabels {
+    node: String,
+    device_uuid: String,
+    device_index: String,
+    device_cores: String,
+    device_memory_limit: String,
+    device_type: String,
+}
+
+/// Labels of `hami_build_info`, in HAMi's names; `go_version` is empty.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfoLabels {
+    version: String,
+    revision: String,
+    build_date: String,
+    go_version: String,
+    compiler: String,
+    platform: String,
+}
+
+impl BuildInfoLabels {
+    /// This build: the crate version, the revision and date the build
+    /// environment passed in (`GPUSLICE_REVISION`, `GPUSLICE_BUILD_DATE`,
+    /// else empty), `rustc`, and Go's `os/arch` spelling of the target.
+    fn current() -> Self {
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        };
+        Self {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            revision: option_env!("GPUSLICE_REVISION").unwrap_or("").to_owned(),
+            build_date: option_env!("GPUSLICE_BUILD_DATE").unwrap_or("").to_owned(),
+            go_version: String::new(),
+            compiler: "rustc".to_owned(),
+            platform: format!("{}/{arch}", std::env::consts::OS),
+        }
+    }
+}
+
 /// Labels of per-container slice metrics (HAMi ≥ v2.9).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SliceLabels {
@@ -73,6 +117,7 @@ pub struct Metrics {
     gpu_core_allocated: Family<GpuLabels, FloatGauge>,
     gpu_shared_count: Family<GpuLabels, FloatGauge>,
     node_memory_ratio: Family<GpuLabels, FloatGauge>,
+    overview: Family<OverviewLabels, FloatGauge>,
     vgpu_memory: Family<SliceLabels, FloatGauge>,
     vgpu_core: Family<SliceLabels, FloatGauge>,
     quota_used: Family<QuotaUsedLabels, FloatGauge>,
@@ -113,6 +158,7 @@ impl Metrics {
             gpu_core_allocated: Family::default(),
             gpu_shared_count: Family::default(),
             node_memory_ratio: Family::default(),
+            overview: Family::default(),
             vgpu_memory: Family::default(),
             vgpu_core: Family::default(),
             quota_used: Family::default(),
@@ -153,6 +199,20 @@ impl Metrics {
             "hami_node_gpu_memory_allocated_ratio",
             "Allocated share of the GPU's memory",
             m.node_memory_ratio.clone(),
+        );
+        registry.register(
+            "hami_node_gpu_overview",
+            "GPU overview on a certain node: memory allocated, capacity in labels",
+            m.overview.clone(),
+        );
+        let build_info = Family::<BuildInfoLabels, FloatGauge>::default();
+        build_info
+            .get_or_create(&BuildInfoLabels::current())
+            .set(1.0);
+        registry.register(
+            "hami_build_info",
+            "Build metadata exposed as labels with a constant value of 1",
+            build_info,
         );
         registry.register(
             "hami_vgpu_memory_allocated_bytes",
@@ -229,6 +289,7 @@ impl Metrics {
         ] {
             family.clear();
         }
+        self.overview.clear();
         self.vgpu_memory.clear();
         self.vgpu_core.clear();
         #[allow(clippy::cast_precision_loss)] // MiB and percent counts are far below 2^52
@@ -260,6 +321,16 @@ impl Metrics {
                 g.used_memory_mib as f64 / g.memory_mib as f64
             };
             self.node_memory_ratio.get_or_create(&labels).set(ratio);
+            self.overview
+                .get_or_create(&OverviewLabels {
+                    node: g.node.clone(),
+                    device_uuid: g.uuid.clone(),
+                    device_index: g.index.to_string(),
+                    device_cores: g.cores.to_string(),
+                    device_memory_limit: g.memory_mib.to_string(),
+                    device_type: g.device_type.clone(),
+                })
+                .set(g.used_memory_mib as f64 * MIB);
         }
         #[allow(clippy::cast_precision_loss)]
         for s in slices {
@@ -354,6 +425,16 @@ mod tests {
         assert!(text.contains(r#"hami_gpu_memory_allocated_bytes{node="n1",device_uuid="GPU-a",device_index="0",device_type="NVIDIA-Tesla T4"} 262144000.0"#), "{text}");
         assert!(text.contains(r#"hami_node_gpu_memory_allocated_ratio{node="n1",device_uuid="GPU-a",device_index="0",device_type="NVIDIA-Tesla T4"} 0.25"#), "{text}");
         assert!(text.contains(r#"hami_vgpu_core_allocated_ratio{namespace="ns",node="n1",pod="p",container_index="1",device_uuid="GPU-a"} 0.3"#), "{text}");
+        assert!(text.contains(r#"hami_node_gpu_overview{node="n1",device_uuid="GPU-a",device_index="0",device_cores="100",device_memory_limit="1000",device_type="NVIDIA-Tesla T4"} 262144000.0"#), "{text}");
+        let build = format!(
+            r#"hami_build_info{{version="{}",revision="#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&build), "{text}");
+        assert!(
+            text.contains(r#"compiler="rustc",platform="linux/"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"gpuslice_filter_decisions_total{result="placed"} 1"#),
             "{text}"
@@ -362,6 +443,7 @@ mod tests {
         // A GPU that disappears from the snapshot disappears from the output.
         m.refresh(&[], &[]);
         assert!(!m.encode().contains("GPU-a"));
+        assert!(m.encode().contains("hami_build_info{"), "build info stays");
     }
 
     #[test]

@@ -78,6 +78,24 @@ pub struct ReportedGpu {
     pub numa: i64,
 }
 
+/// What one GPU is doing right now, as the host sees it (HAMi's
+/// `hami_host_gpu_*` metrics). A reading the source cannot take is `None`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HostUsage {
+    /// GPU UUID.
+    pub uuid: String,
+    /// Device memory in use by every process, bytes.
+    pub memory_used_bytes: Option<u64>,
+    /// Percent of time a kernel ran over the driver's last sample period.
+    pub gpu_utilization: Option<u32>,
+    /// Percent of time device memory was read or written, same period.
+    pub memory_utilization: Option<u32>,
+    /// GPU temperature, °C.
+    pub temperature_celsius: Option<u32>,
+    /// Power draw, watts.
+    pub power_watts: Option<f64>,
+}
+
 /// A health change of one GPU, from the source's health watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthEvent {
@@ -126,6 +144,14 @@ pub trait DeviceSource: Send + Sync {
     /// # Errors
     /// A [`DeviceError`] when health cannot be watched.
     fn health_events(&self) -> Result<BoxStream<'static, HealthEvent>, DeviceError>;
+
+    /// What every GPU is doing right now. Blocking (NVML calls); call it off
+    /// the async threads.
+    ///
+    /// # Errors
+    /// A [`DeviceError`] when the source cannot be read at all; a single
+    /// reading that fails is `None` in its [`HostUsage`].
+    fn usage(&self) -> Result<Vec<HostUsage>, DeviceError>;
 }
 
 /// The advertising rules of HAMi's device plugin (spec §1), from settings.

@@ -16,12 +16,13 @@ use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::{DeviceError, DeviceSource, HealthEvent, ReportedGpu};
+use super::{DeviceError, DeviceSource, HealthEvent, HostUsage, ReportedGpu};
 
 /// XIDs caused by applications, not by the GPU (the spec's
 /// `DP_DISABLE_HEALTHCHECKS` default list).
@@ -127,6 +128,26 @@ impl DeviceSource for NvmlDevices {
         Ok(gpus)
     }
 
+    /// Untested without a GPU: the calls are NVML's `nvmlDeviceGetMemoryInfo`,
+    /// `GetUtilizationRates`, `GetTemperature(GPU)` and `GetPowerUsage`, as
+    /// HAMi's monitor makes them.
+    fn usage(&self) -> Result<Vec<HostUsage>, DeviceError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(nvml_error("device count"))?;
+        let mut out = Vec::new();
+        for i in 0..count {
+            let dev = self
+                .nvml
+                .device_by_index(i)
+                .map_err(nvml_error(format!("device {i}")))?;
+            let uuid = dev.uuid().map_err(nvml_error(format!("device {i} uuid")))?;
+            out.push(usage_of(&dev, uuid));
+        }
+        Ok(out)
+    }
+
     fn health_events(&self) -> Result<BoxStream<'static, HealthEvent>, DeviceError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let nvml = Arc::clone(&self.nvml);
@@ -141,6 +162,34 @@ impl DeviceSource for NvmlDevices {
             futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
                 .boxed(),
         )
+    }
+}
+
+/// One GPU's readings; each failing call is logged and left `None` (HAMi's
+/// monitor skips a reading the same way, e.g. memory on unified-memory GPUs).
+fn usage_of(dev: &nvml_wrapper::Device<'_>, uuid: String) -> HostUsage {
+    fn reading<T>(what: &str, uuid: &str, result: Result<T, NvmlError>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(NvmlError::NotSupported) => None,
+            Err(error) => {
+                debug!(gpu = %uuid, %error, "NVML {what} unavailable");
+                None
+            }
+        }
+    }
+    let utilization = reading("utilization", &uuid, dev.utilization_rates());
+    HostUsage {
+        memory_used_bytes: reading("memory", &uuid, dev.memory_info()).map(|m| m.used),
+        gpu_utilization: utilization.as_ref().map(|u| u.gpu),
+        memory_utilization: utilization.map(|u| u.memory),
+        temperature_celsius: reading(
+            "temperature",
+            &uuid,
+            dev.temperature(TemperatureSensor::Gpu),
+        ),
+        power_watts: reading("power", &uuid, dev.power_usage()).map(|mw| f64::from(mw) / 1000.0),
+        uuid,
     }
 }
 

@@ -1,14 +1,19 @@
 //! Simulated GPUs for machines without one: described in the config
 //! (`simulatedGpus` × `simulatedGpuModel`/`simulatedGpuMemoryMib`, or the
 //! heterogeneous `simulatedGpuList`), with UUIDs derived from the node name
-//! and index so a restarted daemon reports the same GPUs, and a
-//! [`HealthSwitch`] through which tests flip a GPU's health.
+//! and index so a restarted daemon reports the same GPUs, a
+//! [`HealthSwitch`] through which tests flip a GPU's health, and a
+//! [`UsageBoard`] through which they set what a GPU reports as used (a
+//! simulated GPU runs nothing: 0 bytes and 0 % until set).
 
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use tokio::sync::broadcast;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use super::{DeviceError, DeviceSource, HealthEvent, ReportedGpu};
+use tokio::sync::{broadcast, watch};
+
+use super::{DeviceError, DeviceSource, HealthEvent, HostUsage, ReportedGpu};
 use crate::settings::{Settings, SimulatedGpu};
 
 /// Simulated GPUs of one node.
@@ -16,6 +21,22 @@ use crate::settings::{Settings, SimulatedGpu};
 pub struct SimulatedDevices {
     gpus: Vec<ReportedGpu>,
     switch: HealthSwitch,
+    board: UsageBoard,
+}
+
+/// Sets what simulated GPUs report as used; clones share the same GPUs.
+#[derive(Debug, Clone)]
+pub struct UsageBoard {
+    usage: Arc<watch::Sender<BTreeMap<String, HostUsage>>>,
+}
+
+impl UsageBoard {
+    /// From now on `usage.uuid` reports `usage`.
+    pub fn set(&self, usage: HostUsage) {
+        self.usage.send_modify(|all| {
+            all.insert(usage.uuid.clone(), usage);
+        });
+    }
 }
 
 /// Flips the health of simulated GPUs; clones share the same GPUs.
@@ -98,7 +119,16 @@ impl SimulatedDevices {
         Self {
             gpus,
             switch: HealthSwitch { events },
+            board: UsageBoard {
+                usage: Arc::new(watch::Sender::new(BTreeMap::new())),
+            },
         }
+    }
+
+    /// The board that sets these GPUs' usage.
+    #[must_use]
+    pub fn usage_board(&self) -> UsageBoard {
+        self.board.clone()
     }
 
     /// The switch that flips these GPUs' health.
@@ -111,6 +141,24 @@ impl SimulatedDevices {
 impl DeviceSource for SimulatedDevices {
     fn discover(&self) -> Result<Vec<ReportedGpu>, DeviceError> {
         Ok(self.gpus.clone())
+    }
+
+    fn usage(&self) -> Result<Vec<HostUsage>, DeviceError> {
+        let set = self.board.usage.borrow();
+        Ok(self
+            .gpus
+            .iter()
+            .map(|g| {
+                set.get(&g.uuid).cloned().unwrap_or_else(|| HostUsage {
+                    uuid: g.uuid.clone(),
+                    memory_used_bytes: Some(0),
+                    gpu_utilization: Some(0),
+                    memory_utilization: Some(0),
+                    temperature_celsius: None,
+                    power_watts: None,
+                })
+            })
+            .collect())
     }
 
     fn health_events(&self) -> Result<BoxStream<'static, HealthEvent>, DeviceError> {
@@ -171,6 +219,30 @@ mod tests {
         let gpus = SimulatedDevices::from_settings(&s, "n").discover().unwrap();
         assert_eq!(gpus.len(), 1);
         assert_eq!((gpus[0].model.as_str(), gpus[0].numa), ("NVIDIA A10", 1));
+    }
+
+    #[test]
+    fn usage_is_idle_until_the_board_sets_it() {
+        let src = SimulatedDevices::new(
+            "n",
+            &[SimulatedGpu {
+                model: "A".into(),
+                memory_mib: 1,
+                numa: 0,
+            }],
+        );
+        let uuid = src.discover().unwrap()[0].uuid.clone();
+        let idle = src.usage().unwrap();
+        assert_eq!(idle[0].memory_used_bytes, Some(0));
+        assert_eq!(idle[0].temperature_celsius, None);
+        let busy = HostUsage {
+            uuid: uuid.clone(),
+            memory_used_bytes: Some(5 << 30),
+            gpu_utilization: Some(70),
+            ..HostUsage::default()
+        };
+        src.clone().usage_board().set(busy.clone());
+        assert_eq!(src.usage().unwrap(), vec![busy]);
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@
 //! | [`container_contract`] | env and mounts for HAMi-core in a container |
 //! | [`civil_time`] | the date-time type and Go time layouts the values use |
 //! | [`resources`] | extended resource names |
+//! | [`shared_region`] | HAMi-core's per-container shared-memory file (read for usage metrics) |
 
 #![warn(missing_docs)]
 #![warn(clippy::pedantic)]
@@ -40,6 +41,7 @@ pub mod pod_devices;
 pub mod register;
 pub mod resources;
 pub mod scoring_weights;
+pub mod shared_region;
 
 /// Quotes at most 64 characters of `text` in an error message, marking a cut
 /// with `…`, so errors stay short whatever the input.
