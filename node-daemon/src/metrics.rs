@@ -32,8 +32,7 @@ use crate::devices::DeviceSource;
 use crate::ledger::SliceLedger;
 use crate::usage::Observed;
 
-/// Pod UID → (namespace, name), as the allocator last listed them.
-pub type PodNames = Arc<BTreeMap<String, (String, String)>>;
+pub use crate::cluster::PodNames;
 
 const MIB: f64 = 1024.0 * 1024.0;
 

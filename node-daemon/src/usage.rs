@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use proto::hami::shared_region::{self, SharedRegion};
 use tracing::debug;
 
+use crate::cluster::PodNames;
 use crate::devices::{DeviceSource, HostUsage};
-use crate::metrics::PodNames;
 
 /// One container's region, with the names HAMi labels it by.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -72,7 +72,7 @@ pub struct Allocator {
     /// Contract settings.
     pub contract: ContractSettings,
     /// Where the names of the pods last listed are published (for metrics).
-    pub names: Arc<tokio::sync::watch::Sender<crate::metrics::PodNames>>,
+    pub names: Arc<tokio::sync::watch::Sender<crate::cluster::PodNames>>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -318,7 +318,7 @@ impl Allocator {
 
 /// UID → (namespace, name) of `pods`.
 #[must_use]
-pub fn pod_names(pods: &[PodView]) -> crate::metrics::PodNames {
+pub fn pod_names(pods: &[PodView]) -> crate::cluster::PodNames {
     Arc::new(
         pods.iter()
             .map(|p| (p.uid.clone(), (p.namespace.clone(), p.name.clone())))

@@ -40,6 +40,10 @@ pub struct PodView {
     pub containers: Vec<ContainerView>,
 }
 
+/// Pod UID → (namespace, name), as the allocator last listed them (labels
+/// for metrics and for the per-container usage read from HAMi-core).
+pub type PodNames = std::sync::Arc<BTreeMap<String, (String, String)>>;
+
 /// What the daemon needs to know about one container.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ContainerView {
