@@ -35,7 +35,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::model::{
     ClusterModel, Decided, DryRun, FilterOutcome, FragmentationSnapshot, GpuSnapshot, PendingPod,
@@ -471,7 +471,7 @@ async fn run(
             Command::ApplyNode(_) | Command::Filter { .. } | Command::DryRun { .. }
         ) {
             for name in model.advance_clock(clock()) {
-                debug!(node = %name, "GPU node advertises no GPUs past its handshake window: not offered");
+                info!(node = %name, "GPU node advertises no GPUs past its handshake window: not offered");
             }
         }
         match command {
@@ -481,8 +481,26 @@ async fn run(
                 {
                     seen.insert(name.clone());
                 }
+                let offered_before = node
+                    .metadata
+                    .name
+                    .as_ref()
+                    .map(|n| model.unregistered(std::slice::from_ref(n)).next().is_none());
                 if let Err(error) = model.apply_node(&node) {
                     warn!(node = ?node.metadata.name, %error, "node annotation does not decode; keeping its previous GPUs");
+                }
+                if let Some(name) = node.metadata.name.as_ref() {
+                    let offered = model.unregistered(std::slice::from_ref(name)).next().is_none();
+                    if offered_before != Some(offered) {
+                        let handshake = model.handshake_of(name);
+                        info!(
+                            node = %name,
+                            offered,
+                            handshake = ?handshake.and_then(|h| h.current.as_deref()),
+                            allocatable = ?handshake.and_then(|h| h.allocatable_gpus),
+                            "GPU node offer changed"
+                        );
+                    }
                 }
                 if let Some(name) = node.metadata.name.as_ref()
                     && model
