@@ -65,6 +65,65 @@ fn start_kubelet(dir: &Path) -> mpsc::UnboundedReceiver<api::RegisterRequest> {
     rx
 }
 
+/// A kubelet that dials back what registers, as the real one does
+/// (`connectClient`: dial the endpoint, `GetDevicePluginOptions`), and
+/// restarts once while the first plugin registers: that first `Register`
+/// finds the plugin's socket wiped by the restart and fails. Returns the
+/// registrations that succeeded.
+struct DialingKubelet {
+    dir: PathBuf,
+    restarted: std::sync::atomic::AtomicBool,
+    registered: mpsc::UnboundedSender<api::RegisterRequest>,
+}
+
+#[tonic::async_trait]
+impl api::registration_server::Registration for DialingKubelet {
+    async fn register(
+        &self,
+        request: tonic::Request<api::RegisterRequest>,
+    ) -> Result<tonic::Response<api::Empty>, tonic::Status> {
+        let request = request.into_inner();
+        let endpoint = self.dir.join(&request.endpoint);
+        if !self
+            .restarted
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            // kubelet's start wipes every plugin socket in the folder.
+            std::fs::remove_file(&endpoint).unwrap();
+        }
+        let unreachable =
+            |e: String| tonic::Status::unknown(format!("dial {}: {e}", endpoint.display()));
+        let channel = Endpoint::from_shared(format!("unix://{}", endpoint.display()))
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        api::device_plugin_client::DevicePluginClient::new(channel)
+            .get_device_plugin_options(api::Empty {})
+            .await?;
+        let _ = self.registered.send(request);
+        Ok(tonic::Response::new(api::Empty {}))
+    }
+}
+
+fn start_dialing_kubelet(dir: &Path) -> mpsc::UnboundedReceiver<api::RegisterRequest> {
+    let path = dir.join("kubelet.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let kubelet = DialingKubelet {
+        dir: dir.to_owned(),
+        restarted: std::sync::atomic::AtomicBool::new(false),
+        registered: tx,
+    };
+    tokio::spawn(
+        Server::builder()
+            .add_service(api::registration_server::RegistrationServer::new(kubelet))
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+    rx
+}
+
 async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(PATIENCE, fut)
         .await
@@ -593,6 +652,38 @@ async fn kubelet_restart_leads_to_a_new_registration() {
         .await
         .unwrap()
         .unwrap();
+    assert_eq!(list.devices.len(), 4);
+    node.stop().await;
+}
+
+#[actix::test]
+async fn a_socket_wiped_while_registering_is_served_again_before_registering() {
+    let mut node = Node::start(2, MemoryCluster::new(), None).await;
+    // kubelet restarts (new kubelet.sock), and restarts again while the
+    // plugin registers, wiping the socket the plugin names: registering
+    // that endpoint again could never succeed (the chaos soak saw a node
+    // stay unregistered for minutes).
+    node.registrations = start_dialing_kubelet(node.dir.path());
+    let again = within(
+        "a registration kubelet could dial",
+        node.registrations.recv(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.endpoint, "nvidia-gpu.sock");
+    let mut client = node.client().await;
+    let list = within("device list", async {
+        client
+            .list_and_watch(api::Empty {})
+            .await
+            .unwrap()
+            .into_inner()
+            .message()
+            .await
+    })
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(list.devices.len(), 4);
     node.stop().await;
 }

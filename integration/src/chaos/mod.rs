@@ -411,6 +411,7 @@ impl Soak {
             FaultKind::KillNodeDaemon => {
                 match self.free_node(|r| matches!(r, Repair::NodeDaemon(_))) {
                     Some(i) => {
+                        target = format!("{} for {down:?}", cluster.nodes[i].name);
                         cluster.kill_node_daemon(i)?;
                         self.repairs.push((now + down, Repair::NodeDaemon(i)));
                         true
@@ -435,6 +436,7 @@ impl Soak {
                 {
                     false
                 } else {
+                    target = format!("for {down:?}");
                     cluster.kill_scheduler_webhook()?;
                     self.repairs.push((now + down, Repair::SchedulerWebhook));
                     true
@@ -455,6 +457,7 @@ impl Soak {
                     let sick = self
                         .rng
                         .between(Duration::from_secs(3), Duration::from_secs(15));
+                    target = format!("{} GPU {index} for {sick:?}", cluster.nodes[i].name);
                     self.repairs.push((now + sick, repair));
                     true
                 }

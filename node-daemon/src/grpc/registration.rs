@@ -4,7 +4,9 @@
 //! 1. bind `<dir>/<name>.sock` (a stale file is removed first) and serve;
 //! 2. `Register` with `<dir>/kubelet.sock` (version `v1beta1`, our endpoint
 //!    and resource name, preferred allocation on), retrying until kubelet
-//!    answers;
+//!    answers — unless our socket disappears meanwhile (a kubelet that
+//!    restarts while we register wipes it, and could never dial the
+//!    endpoint we name): then go to 1;
 //! 3. watch the folder: when kubelet restarts it wipes the sockets and
 //!    re-creates `kubelet.sock`, so our socket gone or `kubelet.sock`
 //!    replaced (another inode) means: drain this server, go to 1;
@@ -192,6 +194,12 @@ async fn watch_incarnation(
     let mut ticker = tokio::time::interval(WATCH_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let kubelet_inode = loop {
+        // A kubelet that restarts while we register wipes our socket: then
+        // every Register names an endpoint kubelet cannot dial, so serve a
+        // new one first.
+        if inode(&socket.path()) != our_inode {
+            return End::KubeletRestarted;
+        }
         let kubelet_inode = inode(&socket.kubelet_path());
         if kubelet_inode.is_some() {
             match register(socket).await {
