@@ -209,6 +209,19 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
         rebuilt_ledgers(&node, &gpus, &pods, clock.now()),
         clock.clone(),
     );
+    let pair_scores = if settings.enable_topology_score {
+        match devices.links() {
+            Ok(links) => Some(proto::hami::pair_score::encode(
+                &crate::devices::topology::pair_scores(&gpus, &links),
+            )),
+            Err(error) => {
+                warn!(%error, "cannot read the GPU topology; no pair scores are published");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let (inventory_tx, inventory) = watch::channel::<Inventory>(Arc::new(gpus));
     let _health = HealthActor::start_on(inventory_tx, devices.health_events()?);
     let _pod_watch = PodWatch::start_on(gpu_pool.clone(), cluster.pod_changes(&node, clock));
@@ -250,6 +263,7 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     let registrar = tokio::spawn(crate::registrar::publish(
         Arc::clone(&cluster),
         node.clone(),
+        pair_scores,
         inventory.clone(),
         stop.clone(),
     ));

@@ -1,8 +1,9 @@
 //! The registrar: publishes the node's GPUs as `hami.io/node-nvidia-register`
 //! (HAMi's v2.8+ JSON) whenever the device list or a GPU's health changes —
 //! never on a timer — and only when the encoded value differs from what it
-//! last wrote. It never touches `hami.io/node-handshake`, which is the
-//! scheduler's to write.
+//! last wrote; with `enableTopologyScore`, it first writes the GPUs' pair
+//! scores (`hami.io/node-nvidia-score`) once. It never touches
+//! `hami.io/node-handshake`, which is the scheduler's to write.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,13 +28,37 @@ pub fn register_value(gpus: &Inventory) -> Result<String, proto::hami::register:
     encode_json(&devices)
 }
 
-/// Publishes until `shutdown` turns true.
+/// Publishes until `shutdown` turns true. `pair_scores`, when given, is
+/// written once first (`hami.io/node-nvidia-score`: the links between GPUs
+/// do not change while the daemon runs), so a scheduler that reads the
+/// register already has the scores.
 pub async fn publish(
     cluster: Arc<dyn Cluster>,
     node: String,
+    pair_scores: Option<String>,
     mut inventory: watch::Receiver<Inventory>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    if let Some(scores) = pair_scores {
+        loop {
+            match cluster
+                .set_node_annotation(&node, keys::NODE_NVIDIA_SCORE, scores.clone())
+                .await
+            {
+                Ok(()) => {
+                    info!(node = %node, "node pair score annotation written");
+                    break;
+                }
+                Err(error) => {
+                    warn!(%error, "cannot write the node pair score annotation; retrying")
+                }
+            }
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                () = tokio::time::sleep(RETRY) => {}
+            }
+        }
+    }
     let mut written: Option<String> = None;
     loop {
         let value = register_value(&inventory.borrow_and_update());

@@ -48,6 +48,20 @@ pub struct SimulatedGpu {
     /// NUMA node.
     #[serde(default)]
     pub numa: u32,
+    /// GPUs of the same group are joined by NVLink (none when unset).
+    #[serde(default)]
+    pub nvlink_group: Option<u32>,
+    /// NVLinks between two GPUs of a group [default: 12, as on an A100
+    /// through NVSwitches].
+    #[serde(default = "default_simulated_nvlinks")]
+    pub nvlinks: u32,
+}
+
+/// NVLinks per simulated pair when `nvlinks` is not given.
+pub const DEFAULT_SIMULATED_NVLINKS: u32 = 12;
+
+fn default_simulated_nvlinks() -> u32 {
+    DEFAULT_SIMULATED_NVLINKS
 }
 
 /// GPUs to leave out, by UUID or index (HAMi's `filterdevices`).
@@ -92,6 +106,10 @@ pub struct Settings {
     pub pre_configured_device_memory: Option<u32>,
     /// GPUs to leave out.
     pub filter_devices: FilterDevices,
+    /// Whether to publish the GPUs' pair scores as
+    /// `hami.io/node-nvidia-score` (HAMi's `ENABLE_TOPOLOGY_SCORE`), which
+    /// the `topology-aware` GPU policy reads.
+    pub enable_topology_score: bool,
     /// The resource name registered with kubelet.
     pub resource_name: String,
     /// Host folder holding HAMi-core (`vgpu/libvgpu.so`, `vgpu/ld.so.preload`).
@@ -121,6 +139,7 @@ impl Default for Settings {
             device_core_scaling: 1.0,
             pre_configured_device_memory: None,
             filter_devices: FilterDevices::default(),
+            enable_topology_score: false,
             resource_name: "nvidia.com/gpu".to_owned(),
             hook_path: PathBuf::from("/usr/local"),
             metrics_bind_address: Some(SocketAddr::from(([0, 0, 0, 0], 9396))),
@@ -249,6 +268,10 @@ pub struct Flags {
     /// Factor applied to each GPU's cores [default: 1].
     #[arg(long)]
     pub device_core_scaling: Option<f64>,
+    /// Publish the GPUs' pair scores (`hami.io/node-nvidia-score`) for the
+    /// topology-aware GPU policy [default: false].
+    #[arg(long)]
+    pub enable_topology_score: Option<bool>,
     /// Resource name registered with kubelet [default: nvidia.com/gpu].
     #[arg(long)]
     pub resource_name: Option<String>,

@@ -152,11 +152,15 @@ fn settings(dir: &Path, split: u32) -> Settings {
                 model: "Tesla T4".into(),
                 memory_mib: 15_360,
                 numa: 0,
+                nvlink_group: None,
+                nvlinks: 12,
             },
             SimulatedGpu {
                 model: "Tesla T4".into(),
                 memory_mib: 15_360,
                 numa: 1,
+                nvlink_group: None,
+                nvlinks: 12,
             },
         ],
         device_split_count: split,
@@ -184,11 +188,22 @@ impl Node {
         metrics: Option<std::net::SocketAddr>,
     ) -> Self {
         let dir = dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
-        let mut registrations = start_kubelet(dir.path());
         let settings = Settings {
             metrics_bind_address: metrics,
             ..settings(dir.path(), split)
         };
+        Self::start_configured(cluster, api, dir, settings).await
+    }
+
+    /// Starts a daemon with `settings` (whose folders are in `dir`) and waits
+    /// for its registration.
+    async fn start_configured(
+        cluster: MemoryCluster,
+        api: Arc<dyn Cluster>,
+        dir: tempfile::TempDir,
+        settings: Settings,
+    ) -> Self {
+        let mut registrations = start_kubelet(dir.path());
         let devices = SimulatedDevices::from_settings(&settings, NODE);
         let uuids = devices
             .discover()
@@ -417,6 +432,64 @@ async fn an_unhealthy_gpu_is_withdrawn_and_comes_back() {
     })
     .await;
     assert!(node.cluster.writes() > writes_before);
+    node.stop().await;
+}
+
+#[actix::test]
+async fn pair_scores_are_published_with_enable_topology_score_only() {
+    let gpu = |numa, nvlink_group| SimulatedGpu {
+        model: "NVIDIA A100-SXM4-40GB".into(),
+        memory_mib: 40_960,
+        numa,
+        nvlink_group,
+        nvlinks: 12,
+    };
+    let topology = |dir: &Path, enabled| Settings {
+        simulated_gpu_list: vec![gpu(0, Some(0)), gpu(0, Some(0)), gpu(1, None)],
+        enable_topology_score: enabled,
+        ..settings(dir, 2)
+    };
+    let cluster = MemoryCluster::new();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = topology(dir.path(), true);
+    let node =
+        Node::start_configured(cluster.clone(), Arc::new(cluster.clone()), dir, settings).await;
+    node.wait_cluster("register annotation", |s| {
+        s.nodes
+            .get(NODE)
+            .is_some_and(|a| a.contains_key(keys::NODE_NVIDIA_REGISTER))
+    })
+    .await;
+    let written = cluster
+        .node_annotation(NODE, keys::NODE_NVIDIA_SCORE)
+        .unwrap();
+    let scores = proto::hami::pair_score::decode(&written).unwrap();
+    let [a, b, c] = [0, 1, 2].map(|i| node.uuids[i].clone());
+    assert_eq!(
+        scores.iter().map(|s| s.uuid.clone()).collect::<Vec<_>>(),
+        [a.clone(), b.clone(), c.clone()]
+    );
+    // Same NUMA node (20) and 12 NVLinks (1,200); across NUMA nodes 10.
+    assert_eq!(
+        scores[0].score,
+        BTreeMap::from([(b.clone(), 1_220), (c.clone(), 10)])
+    );
+    assert_eq!(scores[2].score, BTreeMap::from([(a, 10), (b, 10)]));
+    node.stop().await;
+
+    // Off (HAMi's default): the register only.
+    let cluster = MemoryCluster::new();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = topology(dir.path(), false);
+    let node =
+        Node::start_configured(cluster.clone(), Arc::new(cluster.clone()), dir, settings).await;
+    node.wait_cluster("register annotation", |s| {
+        s.nodes
+            .get(NODE)
+            .is_some_and(|a| a.contains_key(keys::NODE_NVIDIA_REGISTER))
+    })
+    .await;
+    assert_eq!(cluster.node_annotation(NODE, keys::NODE_NVIDIA_SCORE), None);
     node.stop().await;
 }
 

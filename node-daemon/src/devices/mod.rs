@@ -10,6 +10,7 @@
 
 pub mod nvml;
 pub mod simulated;
+pub mod topology;
 
 use futures::stream::BoxStream;
 
@@ -152,6 +153,13 @@ pub trait DeviceSource: Send + Sync {
     /// A [`DeviceError`] when the source cannot be read at all; a single
     /// reading that fails is `None` in its [`HostUsage`].
     fn usage(&self) -> Result<Vec<HostUsage>, DeviceError>;
+
+    /// How each ordered pair of the reported GPUs is linked (for the pair
+    /// scores of `hami.io/node-nvidia-score`). Blocking (NVML calls).
+    ///
+    /// # Errors
+    /// A [`DeviceError`] when the topology cannot be read.
+    fn links(&self) -> Result<topology::PairLinks, DeviceError>;
 }
 
 /// The advertising rules of HAMi's device plugin (spec §1), from settings.

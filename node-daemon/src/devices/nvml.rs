@@ -16,17 +16,22 @@ use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TopologyLevel};
+use nvml_wrapper::enum_wrappers::nv_link::IntDeviceType;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::topology::{Link, NvLinkPeer, PairLinks, nvlink_between};
 use super::{DeviceError, DeviceSource, HealthEvent, HostUsage, ReportedGpu};
 
 /// XIDs caused by applications, not by the GPU (the spec's
 /// `DP_DISABLE_HEALTHCHECKS` default list).
 const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+
+/// NVML's `NVML_NVLINK_MAX_LINKS`: link indices run below it.
+const NVLINK_MAX_LINKS: u32 = 18;
 
 /// How long one event wait blocks before the watcher checks whether anyone
 /// still listens.
@@ -148,6 +153,62 @@ impl DeviceSource for NvmlDevices {
         Ok(out)
     }
 
+    /// Untested without a GPU: NVML's `GetTopologyCommonAncestor` for the
+    /// PCIe path and, per link, `GetNvLinkState`, `GetNvLinkRemotePciInfo`
+    /// and `GetNvLinkRemoteDeviceType`, as HAMi's plugin reads them.
+    fn links(&self) -> Result<PairLinks, DeviceError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(nvml_error("device count"))?;
+        let mut gpus = Vec::new();
+        for i in 0..count {
+            let dev = self
+                .nvml
+                .device_by_index(i)
+                .map_err(nvml_error(format!("device {i}")))?;
+            let uuid = dev.uuid().map_err(nvml_error(format!("device {i} uuid")))?;
+            let bus_id = dev
+                .pci_info()
+                .map_err(nvml_error(format!("device {i} pci info")))?
+                .bus_id;
+            let nvlinks = nvlink_peers(&dev).map_err(nvml_error(format!("device {i} nvlinks")))?;
+            gpus.push((i, uuid, bus_id, nvlinks));
+        }
+        let mut links = PairLinks::new();
+        for (i, a, _, a_links) in &gpus {
+            for (j, b, b_bus, b_links) in &gpus {
+                if i == j {
+                    continue;
+                }
+                let (da, db) = (
+                    self.nvml
+                        .device_by_index(*i)
+                        .map_err(nvml_error(format!("device {i}")))?,
+                    self.nvml
+                        .device_by_index(*j)
+                        .map_err(nvml_error(format!("device {j}")))?,
+                );
+                let mut pair = Vec::new();
+                match da.topology_common_ancestor(db) {
+                    Ok(level) => pair.push(match level {
+                        TopologyLevel::Internal => Link::SameBoard,
+                        TopologyLevel::Single => Link::SingleSwitch,
+                        TopologyLevel::Multiple => Link::MultiSwitch,
+                        TopologyLevel::HostBridge => Link::HostBridge,
+                        TopologyLevel::Node => Link::SameCpu,
+                        TopologyLevel::System => Link::CrossCpu,
+                    }),
+                    Err(NvmlError::NotSupported) => {}
+                    Err(e) => return Err(nvml_error(format!("devices {i}, {j} topology"))(e)),
+                }
+                pair.extend(nvlink_between(a_links, b_links, b_bus));
+                links.insert((a.clone(), b.clone()), pair);
+            }
+        }
+        Ok(links)
+    }
+
     fn health_events(&self) -> Result<BoxStream<'static, HealthEvent>, DeviceError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let nvml = Arc::clone(&self.nvml);
@@ -163,6 +224,32 @@ impl DeviceSource for NvmlDevices {
                 .boxed(),
         )
     }
+}
+
+/// What each active NVLink of `dev` ends at; links the GPU does not have
+/// (NVML: not supported, or an invalid link index) are skipped.
+fn nvlink_peers(dev: &nvml_wrapper::Device<'_>) -> Result<Vec<NvLinkPeer>, NvmlError> {
+    let mut peers = Vec::new();
+    for link in 0..NVLINK_MAX_LINKS {
+        let nvlink = dev.link_wrapper_for(link);
+        match nvlink.is_active() {
+            Ok(true) => {}
+            Ok(false) | Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
+            Err(e) => return Err(e),
+        }
+        match nvlink.remote_device_type(link) {
+            Ok(IntDeviceType::Switch) => peers.push(NvLinkPeer::Switch),
+            Ok(_) | Err(NvmlError::NotSupported | NvmlError::InvalidArg) => {
+                match nvlink.remote_pci_info() {
+                    Ok(pci) => peers.push(NvLinkPeer::Gpu(pci.bus_id)),
+                    Err(NvmlError::NotSupported | NvmlError::InvalidArg) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(peers)
 }
 
 /// One GPU's readings; each failing call is logged and left `None` (HAMi's

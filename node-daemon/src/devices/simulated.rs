@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use tokio::sync::{broadcast, watch};
 
+use super::topology::{Link, PairLinks};
 use super::{DeviceError, DeviceSource, HealthEvent, HostUsage, ReportedGpu};
 use crate::settings::{Settings, SimulatedGpu};
 
@@ -20,8 +21,17 @@ use crate::settings::{Settings, SimulatedGpu};
 #[derive(Debug, Clone)]
 pub struct SimulatedDevices {
     gpus: Vec<ReportedGpu>,
+    /// Each GPU's NVLink group, in `gpus`' order.
+    topology: Vec<NvlinkGroup>,
     switch: HealthSwitch,
     board: UsageBoard,
+}
+
+/// A simulated GPU's NVLinks: joined to every GPU of the same group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NvlinkGroup {
+    group: Option<u32>,
+    links: u32,
 }
 
 /// Sets what simulated GPUs report as used; clones share the same GPUs.
@@ -94,6 +104,8 @@ impl SimulatedDevices {
                 model: settings.simulated_gpu_model.clone(),
                 memory_mib: settings.simulated_gpu_memory_mib,
                 numa: 0,
+                nvlink_group: None,
+                nvlinks: crate::settings::DEFAULT_SIMULATED_NVLINKS,
             };
             vec![one; settings.simulated_gpus as usize]
         } else {
@@ -115,9 +127,17 @@ impl SimulatedDevices {
                 numa: i64::from(g.numa),
             })
             .collect();
+        let topology = list
+            .iter()
+            .map(|g| NvlinkGroup {
+                group: g.nvlink_group,
+                links: g.nvlinks,
+            })
+            .collect();
         let (events, _) = broadcast::channel(64);
         Self {
             gpus,
+            topology,
             switch: HealthSwitch { events },
             board: UsageBoard {
                 usage: Arc::new(watch::Sender::new(BTreeMap::new())),
@@ -141,6 +161,29 @@ impl SimulatedDevices {
 impl DeviceSource for SimulatedDevices {
     fn discover(&self) -> Result<Vec<ReportedGpu>, DeviceError> {
         Ok(self.gpus.clone())
+    }
+
+    /// Same NUMA node: [`Link::SameCpu`], else [`Link::CrossCpu`]; two GPUs
+    /// of one `nvlinkGroup` are also joined by `nvlinks` NVLinks.
+    fn links(&self) -> Result<PairLinks, DeviceError> {
+        let mut links = PairLinks::new();
+        for (a, (ga, la)) in self.gpus.iter().zip(&self.topology).enumerate() {
+            for (b, (gb, lb)) in self.gpus.iter().zip(&self.topology).enumerate() {
+                if a == b {
+                    continue;
+                }
+                let mut pair = vec![if ga.numa == gb.numa {
+                    Link::SameCpu
+                } else {
+                    Link::CrossCpu
+                }];
+                if la.group.is_some() && la.group == lb.group {
+                    pair.push(Link::NvLink(la.links.min(lb.links)));
+                }
+                links.insert((ga.uuid.clone(), gb.uuid.clone()), pair);
+            }
+        }
+        Ok(links)
     }
 
     fn usage(&self) -> Result<Vec<HostUsage>, DeviceError> {
@@ -213,6 +256,8 @@ mod tests {
                 model: "NVIDIA A10".into(),
                 memory_mib: 23_028,
                 numa: 1,
+                nvlink_group: None,
+                nvlinks: crate::settings::DEFAULT_SIMULATED_NVLINKS,
             }],
             ..s
         };
@@ -229,6 +274,8 @@ mod tests {
                 model: "A".into(),
                 memory_mib: 1,
                 numa: 0,
+                nvlink_group: None,
+                nvlinks: crate::settings::DEFAULT_SIMULATED_NVLINKS,
             }],
         );
         let uuid = src.discover().unwrap()[0].uuid.clone();
@@ -253,6 +300,8 @@ mod tests {
                 model: "A".into(),
                 memory_mib: 1,
                 numa: 0,
+                nvlink_group: None,
+                nvlinks: crate::settings::DEFAULT_SIMULATED_NVLINKS,
             }],
         );
         let uuid = src.discover().unwrap()[0].uuid.clone();
