@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use clap::Parser as _;
 use integration::browser::{Browser, Session};
+use integration::cluster::ControlPlaneKind;
 use integration::sandbox::{Args, run};
 use serde_json::{Value, json};
 
@@ -60,7 +61,9 @@ async fn the_dashboard_shows_every_gpu_and_the_pods_a_click_selects_in_chromium(
     let Some(browser) = Browser::for_test("dashboard") else {
         return;
     };
-    let args = Args::parse_from(["sandbox", "--format", "json", "--timeout", "180"]);
+    let mut args = Args::parse_from(["sandbox", "--format", "json", "--timeout", "180"]);
+    // `GPUSLICE_CONTROL_PLANE=real`: the real kube-apiserver and kube-scheduler.
+    args.control_plane = ControlPlaneKind::from_env();
     let (summary, cluster) = run(&args).await.expect("the sandbox runs");
     assert!(summary.as_expected(), "{:?}", summary.problems);
     let gpus: usize = summary.nodes.iter().map(|n| n.gpus.len()).sum();

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser as _;
-use integration::cluster::Cluster;
+use integration::cluster::{Cluster, ControlPlaneKind};
 use integration::sandbox::{Args, run};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::Api;
@@ -215,7 +215,9 @@ async fn every_metric_the_grafana_dashboards_query_is_exported() {
         "the extractor found too few names: {wanted:?}"
     );
 
-    let args = Args::parse_from(["sandbox", "--format", "json", "--timeout", "180"]);
+    let mut args = Args::parse_from(["sandbox", "--format", "json", "--timeout", "180"]);
+    // `GPUSLICE_CONTROL_PLANE=real`: the real kube-apiserver and kube-scheduler.
+    args.control_plane = ControlPlaneKind::from_env();
     let (summary, cluster) = run(&args).await.expect("the sandbox runs");
     assert!(summary.as_expected(), "{:?}", summary.problems);
     let quota: ResourceQuota = serde_json::from_value(json!({
