@@ -643,7 +643,10 @@ fn check_mig_pod(
         return;
     }
     let Some(value) = annotation(&pod.metadata, MIG_ALLOCATIONS) else {
-        problem(String::new(), format!("on a MIG GPU without {MIG_ALLOCATIONS}"));
+        problem(
+            String::new(),
+            format!("on a MIG GPU without {MIG_ALLOCATIONS}"),
+        );
         return;
     };
     let Some(instances) = parse_instances(value) else {
@@ -715,7 +718,8 @@ fn check_mig_gpus(pods: &[Pod], capacity: &HashMap<String, Capacity>, report: &m
             .map_or(0, Vec::len);
         let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         let key = pod_key(pod);
-        if let Some(instances) = annotation(&pod.metadata, MIG_ALLOCATIONS).and_then(parse_instances)
+        if let Some(instances) =
+            annotation(&pod.metadata, MIG_ALLOCATIONS).and_then(parse_instances)
         {
             for inst in instances {
                 if running && inst.container < init_count as u64 {
@@ -899,13 +903,20 @@ mod tests {
         let register = format!(
             r#"[{{"id":"GPU-m","count":7,"devmem":81920,"devcore":200,"type":"NVIDIA A100-SXM4-40GB","mode":"mig","migProfiles":{profiles},"health":true}}]"#
         );
-        serde_json::from_value(json!({"metadata": {"name": "n1", "annotations": {REGISTER: register}}}))
-            .unwrap()
+        serde_json::from_value(
+            json!({"metadata": {"name": "n1", "annotations": {REGISTER: register}}}),
+        )
+        .unwrap()
     }
 
     /// A running pod with one container asking `asked` MiB, allocated the
     /// instance `profile` at `start+size` on GPU-m, seeing `visible`.
-    fn mig_pod(name: &str, asked: u64, (profile, mem, start, size): (&str, u64, u64, u64), visible: &str) -> Pod {
+    fn mig_pod(
+        name: &str,
+        asked: u64,
+        (profile, mem, start, size): (&str, u64, u64, u64),
+        visible: &str,
+    ) -> Pod {
         let mut p = pod(
             name,
             &format!("GPU-m,NVIDIA,{mem},0:;"),
@@ -918,9 +929,8 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(MIG_ALLOCATIONS.into(), instances.to_string());
-        p.spec.as_mut().unwrap().containers[0].resources = Some(
-            serde_json::from_value(json!({"limits": {GPUMEM: asked.to_string()}})).unwrap(),
-        );
+        p.spec.as_mut().unwrap().containers[0].resources =
+            Some(serde_json::from_value(json!({"limits": {GPUMEM: asked.to_string()}})).unwrap());
         p
     }
 
@@ -929,8 +939,7 @@ mod tests {
         let pods = [
             mig_pod("a", 8000, ("2g.10gb", 10240, 0, 2), "MIG-a"),
             mig_pod("b", 3000, ("1g.5gb", 5120, 6, 1), "MIG-b"),
-            mig_pod("c", 16000, ("3g.20gb", 20480, 4, 4), "MIG-c")
-                .tap_phase("Succeeded"),
+            mig_pod("c", 16000, ("3g.20gb", 20480, 4, 4), "MIG-c").tap_phase("Succeeded"),
         ];
         let report = check(&pods, &[mig_node()]);
         assert!(report.is_clean(), "{report:?}");
@@ -950,7 +959,11 @@ mod tests {
             .iter()
             .map(|o| (o.what, o.used, o.capacity))
             .collect();
-        assert_eq!(what, [("MIG instances on one memory slice", 2, 1)], "{report:?}");
+        assert_eq!(
+            what,
+            [("MIG instances on one memory slice", 2, 1)],
+            "{report:?}"
+        );
         // A 7g beside two 3g: 16 slices on a GPU of 8.
         let pods = [
             mig_pod("a", 16000, ("3g.20gb", 20480, 0, 4), "MIG-a"),
@@ -994,7 +1007,10 @@ mod tests {
         assert_eq!(
             why,
             [
-                ("ns/a", "profile 1g.5gb holds 5120 MiB, the container asked 8000 MiB"),
+                (
+                    "ns/a",
+                    "profile 1g.5gb holds 5120 MiB, the container asked 8000 MiB"
+                ),
                 ("ns/b", "placement 1+2 is not one of 2g.10gb's"),
                 ("ns/c", "on a MIG GPU without hami.io/vgpu-mig-allocations"),
             ],

@@ -144,13 +144,8 @@ pub fn mig(profiles: &[proto::hami::mig::MigProfile], pinned: &str) -> Vec<DemoP
         below + (own - below).div_ceil(2)
     };
     let avoid = |mut pod: Pod| {
-        pod.metadata.annotations = Some(
-            [(
-                "nvidia.com/nouse-gpuuuid".to_owned(),
-                pinned.to_owned(),
-            )]
-            .into(),
-        );
+        pod.metadata.annotations =
+            Some([("nvidia.com/nouse-gpuuuid".to_owned(), pinned.to_owned())].into());
         pod
     };
     let container = |name: &str, mem: u32| -> Container {
@@ -382,7 +377,15 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["mig-1g", "mig-2g", "mig-3g", "mig-7g", "mig-2gpu", "mig-init", "mig-no-room"]
+            [
+                "mig-1g",
+                "mig-2g",
+                "mig-3g",
+                "mig-7g",
+                "mig-2gpu",
+                "mig-init",
+                "mig-no-room"
+            ]
         );
         // Each asks more than the next smaller profile holds.
         let asked: Vec<String> = mix[..4]

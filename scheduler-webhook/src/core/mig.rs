@@ -21,7 +21,7 @@
 //! `migProfileAllowlist` and `nvidia.com/mig-profile-preference` (not
 //! supported yet: every profile the node reports may be used).
 
-use proto::hami::mig::{MigPlacement, MigProfile};
+use proto::hami::mig::{MigAllocation, MigPlacement, MigProfile};
 use proto::hami::register::MODE_MIG;
 
 use crate::core::model::{Gpu, Node};
@@ -93,39 +93,116 @@ pub fn slot_count(profiles: &[MigProfile]) -> u32 {
         .unwrap_or(0)
 }
 
+/// One device entry of a pod, as [`place_entries`] and [`place_given`]
+/// take it: `(container index, device index, GPU position, memory MiB)`.
+pub type Entry = (usize, usize, usize, u64);
+
+/// Where one pod's MIG entries sit on a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placed {
+    /// The memory slices the pod holds per MIG GPU position.
+    pub masks: Vec<(usize, u32)>,
+    /// Each MIG entry's instance, in entry order (the
+    /// `hami.io/vgpu-mig-allocations` value).
+    pub instances: Vec<MigAllocation>,
+}
+
+impl Placed {
+    fn hold(&mut self, pos: usize, mask: u32) {
+        match self.masks.iter_mut().find(|(p, _)| *p == pos) {
+            Some((_, m)) => *m |= mask,
+            None => self.masks.push((pos, mask)),
+        }
+    }
+
+    fn held(&self, pos: usize) -> u32 {
+        self.masks
+            .iter()
+            .find(|(p, _)| *p == pos)
+            .map_or(0, |(_, m)| *m)
+    }
+}
+
 /// The instances one pod's device entries take on `node`, entry by entry
 /// in order (each MIG entry gets its own instance, as HAMi's
 /// `AddResourceUsage` commits them), with `base` the slices taken per GPU
-/// position before the pod. Entries on non-MIG GPUs are skipped. Returns
-/// the mask per GPU position the pod holds, or the UUID of the first GPU
-/// where an entry found no free placement.
+/// position before the pod. Entries on non-MIG GPUs are skipped.
 ///
 /// # Errors
-/// The UUID of the GPU with no room.
-pub fn place_entries<'a>(
+/// The UUID of the first GPU where an entry found no free placement.
+pub fn place_entries(
     node: &Node,
     base: &[u32],
-    entries: impl IntoIterator<Item = (usize, u64)> + 'a,
-) -> Result<Vec<(usize, u32)>, String> {
-    let mut held: Vec<(usize, u32)> = Vec::new();
-    for (pos, mem) in entries {
+    entries: impl IntoIterator<Item = Entry>,
+) -> Result<Placed, String> {
+    let mut placed = Placed::default();
+    for (container, device, pos, mem) in entries {
         let Some(gpu) = node.gpus.get(pos) else {
             continue;
         };
         if !is_mig(gpu) {
             continue;
         }
-        let mine = held.iter().find(|(p, _)| *p == pos).map_or(0, |(_, m)| *m);
-        let taken = base.get(pos).copied().unwrap_or(0) | mine;
+        let taken = base.get(pos).copied().unwrap_or(0) | placed.held(pos);
         let Some(c) = choose(&gpu.mig, taken, mem) else {
             return Err(gpu.uuid.clone());
         };
-        match held.iter_mut().find(|(p, _)| *p == pos) {
-            Some((_, m)) => *m |= c.mask,
-            None => held.push((pos, c.mask)),
-        }
+        placed.hold(pos, c.mask);
+        placed.instances.push(allocation(container, device, gpu, c));
     }
-    Ok(held)
+    Ok(placed)
+}
+
+fn allocation(container: usize, device: usize, gpu: &Gpu, c: MigChoice) -> MigAllocation {
+    MigAllocation {
+        container_index: u32::try_from(container).unwrap_or(u32::MAX),
+        device_index: u32::try_from(device).unwrap_or(u32::MAX),
+        gpu_uuid: gpu.uuid.clone(),
+        profile: gpu.mig[c.profile].name.clone(),
+        placement: c.placement,
+        runtime: None,
+    }
+}
+
+/// The instances `given` (a pod's `hami.io/vgpu-mig-allocations`) name for
+/// its MIG entries on `node`, when they name one for every MIG entry, on
+/// that entry's GPU, of a profile the GPU offers, at one of that profile's
+/// placements, and no two of the pod's own instances overlap; `None`
+/// otherwise (the caller then derives them with [`place_entries`]). Other
+/// pods' slices are not consulted: an allocation is a fact. Runtime
+/// identities in `given` are kept.
+#[must_use]
+pub fn place_given(
+    node: &Node,
+    given: &[MigAllocation],
+    entries: impl IntoIterator<Item = Entry>,
+) -> Option<Placed> {
+    let mut placed = Placed::default();
+    for (container, device, pos, _) in entries {
+        let gpu = node.gpus.get(pos)?;
+        if !is_mig(gpu) {
+            continue;
+        }
+        let a = given.iter().find(|a| {
+            usize::try_from(a.container_index).ok() == Some(container)
+                && usize::try_from(a.device_index).ok() == Some(device)
+        })?;
+        let offered = gpu
+            .mig
+            .iter()
+            .find(|p| p.name == a.profile)
+            .is_some_and(|p| p.placements.contains(&a.placement));
+        if a.gpu_uuid != gpu.uuid || !offered {
+            return None;
+        }
+        let mask = a.placement.mask()?;
+        if placed.held(pos) & mask != 0 {
+            return None;
+        }
+        placed.hold(pos, mask);
+        placed.instances.push(a.clone());
+    }
+    Some(placed)
 }
 
 #[cfg(test)]
@@ -197,12 +274,63 @@ mod tests {
     #[test]
     fn entries_of_one_pod_take_distinct_instances() {
         let n = mk_mig_node("m", 1);
-        let held = place_entries(&n, &[0], [(0, 10240), (0, 10240), (0, 10240)]).unwrap();
-        assert_eq!(held, vec![(0, 0b0011_1111)]);
+        let placed = place_entries(
+            &n,
+            &[0],
+            [(0, 0, 0, 10240), (1, 0, 0, 10240), (2, 0, 0, 10240)],
+        )
+        .unwrap();
+        assert_eq!(placed.masks, vec![(0, 0b0011_1111)]);
+        let at: Vec<(u32, &str, u32)> = placed
+            .instances
+            .iter()
+            .map(|a| (a.container_index, a.profile.as_str(), a.placement.start))
+            .collect();
         assert_eq!(
-            place_entries(&n, &[0], [(0, 20480), (0, 20480), (0, 1)]),
+            at,
+            [(0, "2g.10gb", 0), (1, "2g.10gb", 2), (2, "2g.10gb", 4)]
+        );
+        assert_eq!(
+            place_entries(&n, &[0], [(0, 0, 0, 20480), (0, 1, 0, 20480), (0, 2, 0, 1)]),
             Err("GPU-m-0".to_owned())
         );
+    }
+
+    fn given(c: u32, d: u32, gpu: &str, profile: &str, start: u32, size: u32) -> MigAllocation {
+        MigAllocation {
+            container_index: c,
+            device_index: d,
+            gpu_uuid: gpu.into(),
+            profile: profile.into(),
+            placement: MigPlacement { start, size },
+            runtime: None,
+        }
+    }
+
+    #[test]
+    fn given_instances_are_taken_only_when_valid_for_every_mig_entry() {
+        let n = mk_mig_node("m", 1);
+        let two = [(0, 0, 0, 8000), (1, 0, 0, 3000)];
+        let ok = [
+            given(0, 0, "GPU-m-0", "2g.10gb", 4, 2),
+            given(1, 0, "GPU-m-0", "1g.5gb", 0, 1),
+        ];
+        let placed = place_given(&n, &ok, two).unwrap();
+        assert_eq!(placed.masks, vec![(0, 0b0011_0001)]);
+        assert_eq!(placed.instances, ok);
+        // An entry without its instance, on another GPU, of a profile the
+        // GPU does not offer, at a placement the profile does not have, or
+        // overlapping the pod's own other instance: not believed.
+        assert_eq!(place_given(&n, &ok[..1], two), None);
+        for bad in [
+            given(1, 0, "GPU-other", "1g.5gb", 0, 1),
+            given(1, 0, "GPU-m-0", "4g.20gb", 0, 4),
+            given(1, 0, "GPU-m-0", "2g.10gb", 1, 2),
+            given(1, 0, "GPU-m-0", "1g.5gb", 5, 1),
+        ] {
+            let mixed = [ok[0].clone(), bad.clone()];
+            assert_eq!(place_given(&n, &mixed, two), None, "{bad:?}");
+        }
     }
 
     // === fit and ledger, end to end on one A100-40GB in mig mode ===
@@ -311,7 +439,7 @@ mod tests {
             usedmem: 10240,
             usedcores: 0,
         }]]);
-        c.observe_allocated("old", 0, &d, 0, HostResources::default())
+        c.observe_allocated("old", 0, &d, 0, HostResources::default(), &[])
             .unwrap();
         assert_eq!(c.node(0).unwrap().usage[0].used, 1);
         assert_eq!(c.node(0).unwrap().mig_slices[0], 0b11);
