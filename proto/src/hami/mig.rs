@@ -386,6 +386,64 @@ pub(crate) fn push_profiles_json(out: &mut String, profiles: &[MigProfile]) {
     out.push(']');
 }
 
+/// One chosen instance: profile (position in the profile list) and placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigChoice {
+    /// Position of the profile in the GPU's profile list.
+    pub profile: usize,
+    /// Where the instance sits.
+    pub placement: MigPlacement,
+    /// The placement's slice mask.
+    pub mask: u32,
+}
+
+/// Whether HAMi tries this profile's placements from the highest start
+/// down (`1g.*`, `3g.*`).
+fn prefers_high(name: &str) -> bool {
+    name.starts_with("1g.") || name.starts_with("3g.")
+}
+
+/// The instance a request for `mem` MiB gets on a GPU with these profiles
+/// when the slices in `taken` are occupied (bit `i` = memory slice `i`);
+/// `None` when no profile holding `mem` has a free placement.
+///
+/// HAMi v2.10's rule (`pkg/device/nvidia/device.go` `selectMigCandidate`,
+/// `mig_topology.go`): profiles from the smallest memory up (then the
+/// fewest compute slices); the first that holds `mem` and has a placement
+/// overlapping nothing taken wins; `1g.*` and `3g.*` placements are tried
+/// from the highest start down, the others from the lowest up. The
+/// scheduler places by it, and the node-daemon when the pod carries no
+/// placement from the scheduler: one rule, written once.
+#[must_use]
+pub fn choose(profiles: &[MigProfile], taken: u32, mem: u64) -> Option<MigChoice> {
+    let mut order: Vec<usize> = (0..profiles.len()).collect();
+    order.sort_by_key(|&i| (profiles[i].memory_mb, profiles[i].slice_count));
+    for i in order {
+        let p = &profiles[i];
+        if u64::from(p.memory_mb) < mem {
+            continue;
+        }
+        let mut placements = p.placements.clone();
+        if prefers_high(&p.name) {
+            placements.sort_by_key(|pl| std::cmp::Reverse(pl.start));
+        } else {
+            placements.sort_by_key(|pl| pl.start);
+        }
+        for pl in placements {
+            if let Some(mask) = pl.mask()
+                && mask & taken == 0
+            {
+                return Some(MigChoice {
+                    profile: i,
+                    placement: pl,
+                    mask,
+                });
+            }
+        }
+    }
+    None
+}
+
 /// A profile with `placements` spaced `size` apart from `first`.
 fn profile(
     name: &str,

@@ -12,6 +12,10 @@
 //! compute, not what it asked (an 8000 MiB request on an A100-40GB takes a
 //! `2g.10gb`: 10240 MiB and 28 % of the cores).
 //!
+//! The choice itself ([`choose`]) lives in [`proto::hami::mig`], since
+//! the node-daemon makes the same choice for a pod the scheduler gave no
+//! placement; this module applies it to the model's nodes and pods.
+//!
 //! Occupancy is a bit mask of memory slices per GPU (bit `i` = slice `i`),
 //! kept in [`crate::core::model::Node::mig_slices`] and per pod in
 //! [`crate::core::model::PodUsage::mig`]; two placements overlap exactly
@@ -21,65 +25,16 @@
 //! `migProfileAllowlist` and `nvidia.com/mig-profile-preference` (not
 //! supported yet: every profile the node reports may be used).
 
-use proto::hami::mig::{MigAllocation, MigPlacement, MigProfile};
+use proto::hami::mig::{MigAllocation, MigProfile};
+pub use proto::hami::mig::{MigChoice, choose};
 use proto::hami::register::MODE_MIG;
 
 use crate::core::model::{Gpu, Node};
-
-/// One chosen instance: profile (position in [`Gpu::mig`]) and placement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MigChoice {
-    /// Position of the profile in the GPU's profile list.
-    pub profile: usize,
-    /// Where the instance sits.
-    pub placement: MigPlacement,
-    /// The placement's slice mask.
-    pub mask: u32,
-}
 
 /// Whether a GPU hands out MIG instances rather than HAMi-core slices.
 #[must_use]
 pub fn is_mig(gpu: &Gpu) -> bool {
     gpu.mode == MODE_MIG
-}
-
-/// Whether HAMi tries this profile's placements from the highest start
-/// down (`1g.*`, `3g.*`).
-fn prefers_high(name: &str) -> bool {
-    name.starts_with("1g.") || name.starts_with("3g.")
-}
-
-/// The instance a request for `mem` MiB gets on a GPU with these profiles
-/// when the slices in `taken` are occupied; `None` when no profile holding
-/// `mem` has a free placement.
-#[must_use]
-pub fn choose(profiles: &[MigProfile], taken: u32, mem: u64) -> Option<MigChoice> {
-    let mut order: Vec<usize> = (0..profiles.len()).collect();
-    order.sort_by_key(|&i| (profiles[i].memory_mb, profiles[i].slice_count));
-    for i in order {
-        let p = &profiles[i];
-        if u64::from(p.memory_mb) < mem {
-            continue;
-        }
-        let mut placements = p.placements.clone();
-        if prefers_high(&p.name) {
-            placements.sort_by_key(|pl| std::cmp::Reverse(pl.start));
-        } else {
-            placements.sort_by_key(|pl| pl.start);
-        }
-        for pl in placements {
-            if let Some(mask) = pl.mask()
-                && mask & taken == 0
-            {
-                return Some(MigChoice {
-                    profile: i,
-                    placement: pl,
-                    mask,
-                });
-            }
-        }
-    }
-    None
 }
 
 /// The slot count a MIG GPU offers: the largest number of instances of one
@@ -207,7 +162,7 @@ pub fn place_given(
 
 #[cfg(test)]
 mod tests {
-    use proto::hami::mig::known_profiles;
+    use proto::hami::mig::{MigPlacement, known_profiles};
 
     use super::*;
     use crate::core::model::testutil::mk_mig_node;
