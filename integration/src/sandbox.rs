@@ -62,7 +62,8 @@ pub struct Args {
     /// Memory per GPU, MiB.
     #[arg(long, default_value_t = 40960)]
     pub gpu_memory: u32,
-    /// Slices per GPU (deviceSplitCount).
+    /// Slices per GPU (deviceSplitCount); a GPU in MIG mode offers as many as the most
+    /// instances of one of its profiles instead (7 on an A100).
     #[arg(long, default_value_t = 10)]
     pub split_count: u32,
     /// `demo`, `mig`, `burst`, or `openb:<pods.csv>`. `mig` runs the node-daemons in
