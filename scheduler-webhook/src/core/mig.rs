@@ -171,48 +171,6 @@ mod tests {
         known_profiles("NVIDIA A100-SXM4-40GB").unwrap()
     }
 
-    fn name(p: &[MigProfile], c: Option<MigChoice>) -> Option<(&str, u32, u32)> {
-        c.map(|c| {
-            (
-                p[c.profile].name.as_str(),
-                c.placement.start,
-                c.placement.size,
-            )
-        })
-    }
-
-    #[test]
-    fn smallest_profile_holding_the_request_wins() {
-        let p = a100();
-        // HAMi's documented example: 8000 MiB on an empty A100-40GB → 2g.10gb.
-        assert_eq!(name(&p, choose(&p, 0, 8000)), Some(("2g.10gb", 0, 2)));
-        assert_eq!(name(&p, choose(&p, 0, 3000)), Some(("1g.5gb", 6, 1)));
-        assert_eq!(name(&p, choose(&p, 0, 5120)), Some(("1g.5gb", 6, 1)));
-        assert_eq!(name(&p, choose(&p, 0, 20000)), Some(("3g.20gb", 4, 4)));
-        assert_eq!(name(&p, choose(&p, 0, 30000)), Some(("7g.40gb", 0, 8)));
-        assert_eq!(choose(&p, 0, 50000), None);
-    }
-
-    #[test]
-    fn a_bigger_profile_is_taken_when_the_smaller_has_no_room() {
-        let p = a100();
-        // Three 2g.10gb at 0, 2, 4 (HAMi's test): a fourth 2g does not fit,
-        // a 1g still does (slice 6).
-        let taken = 0b0011_1111;
-        assert_eq!(choose(&p, taken, 10000), None);
-        assert_eq!(name(&p, choose(&p, taken, 5000)), Some(("1g.5gb", 6, 1)));
-        // 1g at 6 taken: a 5000 MiB request moves up to a 2g only if one
-        // fits; here none does.
-        assert_eq!(choose(&p, taken | 0b0100_0000, 5000), None);
-        // Slices 4..8 taken by a 3g: a 3g request takes the other half.
-        assert_eq!(
-            name(&p, choose(&p, 0b1111_0000, 20000)),
-            Some(("3g.20gb", 0, 4))
-        );
-        // Anything live blocks the 7g.
-        assert_eq!(choose(&p, 0b1000_0000, 30000), None);
-    }
-
     #[test]
     fn seven_1g_instances_fill_an_a100_then_nothing_fits() {
         let p = a100();
