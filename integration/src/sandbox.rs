@@ -67,9 +67,11 @@ pub struct Args {
     #[arg(long, default_value_t = 10)]
     pub split_count: u32,
     /// `demo`, `mig`, `burst`, or `openb:<pods.csv>`. `mig` runs the node-daemons in
-    /// `operatingMode: mig` (the GPU model must be MIG-capable: A100, H100, A30) and
-    /// submits pods sized to each MIG profile, plus `mig-no-room`, which stays Pending
-    /// (CardMigTopologyInfeasible).
+    /// `operatingMode: mig` (the GPU model must be MIG-capable: A100, H100, A30, with
+    /// --gpu-memory its memory, e.g. 81920 for the 80 GB models) and submits pods sized to
+    /// each MIG profile, plus `mig-no-room`, which stays Pending
+    /// (CardMigTopologyInfeasible); it is sized for the default 2 nodes x 4 GPUs (with
+    /// fewer GPUs some pods may find no room, and the result is reported as unexpected).
     #[arg(long, default_value = "demo")]
     pub workload: String,
     /// Pods for `burst` and `openb` workloads.
