@@ -36,6 +36,7 @@ use crate::fake_kubelet::{Config as KubeletConfig, FakeKubelet};
 use crate::fake_scheduler::FakeScheduler;
 use crate::fake_scheduler::config::{ExtenderConfig, SchedulerConfig};
 use node_daemon::devices::simulated::{HealthSwitch, SimulatedDevices, simulated_uuid};
+use node_daemon::settings::OperatingMode;
 
 /// Scheduler name every GPU pod is routed to.
 pub const SCHEDULER_NAME: &str = "gpuslice-scheduler";
@@ -65,6 +66,9 @@ pub struct ClusterSpec {
     pub control_plane: ControlPlaneKind,
     /// Which kubelet runs each node.
     pub kubelet: KubeletKind,
+    /// How the node-daemons share their GPUs: `Mig` puts MIG-capable
+    /// models (A100, H100, A30) in `mig` mode (see `docs/mig.md`).
+    pub operating_mode: OperatingMode,
 }
 
 /// Which kubelet runs a [`Cluster`]'s nodes.
@@ -145,6 +149,7 @@ impl Default for ClusterSpec {
             node_memory: "512Gi".to_owned(),
             control_plane: ControlPlaneKind::Fake,
             kubelet: KubeletKind::Fake,
+            operating_mode: OperatingMode::HamiCore,
         }
     }
 }
@@ -441,6 +446,7 @@ fn start_node_daemon(
         simulated_gpu_model: spec.gpu_model.clone(),
         simulated_gpu_memory_mib: spec.gpu_memory_mib,
         device_split_count: spec.split_count,
+        operating_mode: spec.operating_mode,
         metrics_bind_address: metrics,
         hook_path: dir.join("hook"),
         ..Settings::default()

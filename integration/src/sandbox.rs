@@ -24,6 +24,9 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
+use node_daemon::devices::simulated::simulated_uuid;
+use node_daemon::settings::OperatingMode;
+use proto::hami::mig::known_profiles;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -42,7 +45,8 @@ use crate::workload;
     after_help = "Before submitting, the sandbox waits until the scheduler-webhook's model has every node's GPUs. \
 A pod counts as settled when it runs or has finished, or when kube-scheduler found it unschedulable after the cluster's last change.\n\n\
 Exit status: 0 when the result is the expected one: the checker is clean, no pod failed or was rejected, \
-and with the demo workload every pod runs except too-big, which stays Pending. \
+with the demo workload every pod runs except too-big, which stays Pending, \
+and with the mig workload every pod runs (each container on a MIG instance) except mig-no-room, which stays Pending. \
 1 otherwise (the reasons are printed on stderr), or when the cluster did not start or settle in time."
 )]
 pub struct Args {
@@ -58,10 +62,16 @@ pub struct Args {
     /// Memory per GPU, MiB.
     #[arg(long, default_value_t = 40960)]
     pub gpu_memory: u32,
-    /// Slices per GPU (deviceSplitCount).
+    /// Slices per GPU (deviceSplitCount); a GPU in MIG mode offers as many as the most
+    /// instances of one of its profiles instead (7 on an A100).
     #[arg(long, default_value_t = 10)]
     pub split_count: u32,
-    /// `demo`, `burst`, or `openb:<pods.csv>`.
+    /// `demo`, `mig`, `burst`, or `openb:<pods.csv>`. `mig` runs the node-daemons in
+    /// `operatingMode: mig` (the GPU model must be MIG-capable: A100, H100, A30, with
+    /// --gpu-memory its memory, e.g. 81920 for the 80 GB models) and submits pods sized to
+    /// each MIG profile, plus `mig-no-room`, which stays Pending
+    /// (CardMigTopologyInfeasible); it is sized for the default 2 nodes x 4 GPUs (with
+    /// fewer GPUs some pods may find no room, and the result is reported as unexpected).
     #[arg(long, default_value = "demo")]
     pub workload: String,
     /// Pods for `burst` and `openb` workloads.
@@ -209,9 +219,13 @@ impl Expectation {
     /// The expectation for `--workload`.
     #[must_use]
     pub fn of(args: &Args) -> Self {
-        let pending = (args.workload == "demo").then(|| {
-            workload::demo(args.gpu_memory)
-                .into_iter()
+        let mix = match args.workload.as_str() {
+            "demo" => Some(workload::demo(args.gpu_memory)),
+            "mig" => known_profiles(&args.gpu_model).map(|p| workload::mig(&p, "")),
+            _ => None,
+        };
+        let pending = mix.map(|mix| {
+            mix.into_iter()
                 .filter(|d| d.expect_unschedulable)
                 .filter_map(|d| d.pod.metadata.name)
                 .collect()
@@ -329,6 +343,22 @@ fn pods_of(args: &Args) -> Result<Vec<Pod>, SandboxError> {
             .into_iter()
             .map(|d| d.pod)
             .collect()),
+        "mig" => {
+            let profiles = known_profiles(&args.gpu_model).ok_or_else(|| {
+                SandboxError::Usage(format!(
+                    "--workload mig needs a MIG-capable --gpu-model (A100, H100 or A30), got {:?}",
+                    args.gpu_model
+                ))
+            })?;
+            // The last GPU of the last node: binpack fills it last, and
+            // the other pods avoid it anyway.
+            let last = u32::try_from(args.nodes.saturating_sub(1)).unwrap_or(u32::MAX);
+            let pinned = simulated_uuid(&format!("gpu-node-{last}"), args.gpus_per_node - 1);
+            Ok(workload::mig(&profiles, &pinned)
+                .into_iter()
+                .map(|d| d.pod)
+                .collect())
+        }
         "burst" => Ok(workload::burst(args.pods, args.gpu_memory)),
         other => match other.strip_prefix("openb:") {
             Some(path) => Ok(workload::openb(
@@ -337,7 +367,7 @@ fn pods_of(args: &Args) -> Result<Vec<Pod>, SandboxError> {
                 args.gpu_memory,
             )?),
             None => Err(SandboxError::Usage(format!(
-                "--workload must be demo, burst or openb:<pods.csv>, got {other:?}"
+                "--workload must be demo, mig, burst or openb:<pods.csv>, got {other:?}"
             ))),
         },
     }
@@ -380,6 +410,11 @@ pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
         split_count: args.split_count,
         node_policy: args.policy.clone(),
         control_plane: args.control_plane,
+        operating_mode: if args.workload == "mig" {
+            OperatingMode::Mig
+        } else {
+            OperatingMode::HamiCore
+        },
         ..ClusterSpec::default()
     })
     .await?;

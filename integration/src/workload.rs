@@ -121,6 +121,91 @@ pub fn demo(gpu_memory_mib: u32) -> Vec<DemoPod> {
     ]
 }
 
+/// The MIG mix for GPUs in `mig` mode with these `profiles` (the model's,
+/// from [`proto::hami::mig::known_profiles`]): one pod sized to each
+/// profile (asking memory between the next smaller profile's and its own,
+/// so exactly that profile is the smallest that holds it), a pod with an
+/// instance on each of two GPUs, a pod whose init container and app
+/// container get instances of their own, and `mig-no-room`, which cannot
+/// run: it is pinned to the GPU `pinned` (`nvidia.com/use-gpuuuid`; every
+/// other pod avoids it with `nvidia.com/nouse-gpuuuid`, so it has the GPU
+/// to itself) and asks for the smallest instance in one container and the
+/// whole-GPU instance in another; the second finds the memory but no free
+/// placement (`CardMigTopologyInfeasible`). Pods ask `nvidia.com/gpumem`
+/// only: a MIG instance's compute is its profile's.
+#[must_use]
+pub fn mig(profiles: &[proto::hami::mig::MigProfile], pinned: &str) -> Vec<DemoPod> {
+    let mut sorted: Vec<&proto::hami::mig::MigProfile> = profiles.iter().collect();
+    sorted.sort_by_key(|p| (p.memory_mb, p.slice_count));
+    // The memory that only this profile (and bigger ones) holds.
+    let ask = |i: usize| -> u32 {
+        let own = sorted[i].memory_mb;
+        let below = if i == 0 { 0 } else { sorted[i - 1].memory_mb };
+        below + (own - below).div_ceil(2)
+    };
+    let avoid = |mut pod: Pod| {
+        pod.metadata.annotations =
+            Some([("nvidia.com/nouse-gpuuuid".to_owned(), pinned.to_owned())].into());
+        pod
+    };
+    let container = |name: &str, mem: u32| -> Container {
+        serde_json::from_value(json!({
+            "name": name, "image": "nvidia/cuda:12.4.0-base-ubuntu22.04",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": mem.to_string()}}
+        }))
+        .unwrap_or_default()
+    };
+    let mut out: Vec<DemoPod> = Vec::new();
+    for (i, p) in sorted.iter().enumerate() {
+        let name = format!("mig-{}", p.name.split('.').next().unwrap_or(&p.name));
+        out.push(DemoPod {
+            pod: avoid(gpu_pod(
+                &name,
+                &json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": ask(i).to_string()}),
+            )),
+            shows: "a pod sized to one MIG profile gets an instance of it",
+            expect_unschedulable: false,
+        });
+    }
+    if sorted.len() >= 2 {
+        out.push(DemoPod {
+            pod: avoid(gpu_pod(
+                "mig-2gpu",
+                &json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": ask(1).to_string()}),
+            )),
+            shows: "two instances, one on each of two GPUs",
+            expect_unschedulable: false,
+        });
+    }
+    let mut with_init = avoid(gpu_pod(
+        "mig-init",
+        &json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": ask(sorted.len().min(2) - 1).to_string()}),
+    ));
+    if let Some(spec) = with_init.spec.as_mut() {
+        spec.init_containers = Some(vec![container("warmup", ask(0))]);
+    }
+    out.push(DemoPod {
+        pod: with_init,
+        shows: "an init container and the app container, each with its own instance",
+        expect_unschedulable: false,
+    });
+    let mut no_room = gpu_pod("mig-no-room", &json!({}));
+    no_room.metadata.annotations =
+        Some([("nvidia.com/use-gpuuuid".to_owned(), pinned.to_owned())].into());
+    if let Some(spec) = no_room.spec.as_mut() {
+        spec.containers = vec![
+            container("small", ask(0)),
+            container("whole", ask(sorted.len().saturating_sub(1))),
+        ];
+    }
+    out.push(DemoPod {
+        pod: no_room,
+        shows: "the smallest and the whole-GPU instance on one GPU: memory enough, no placement (CardMigTopologyInfeasible)",
+        expect_unschedulable: true,
+    });
+    out
+}
+
 /// `count` identical one-slice pods (`burst-0`, `burst-1`, …), each a tenth
 /// of a card.
 #[must_use]
@@ -280,6 +365,41 @@ mod tests {
             "warmup"
         );
         assert_eq!(limits(&demo[7].pod)["nvidia.com/gpumem"], "81920");
+    }
+
+    #[test]
+    fn the_mig_mix_asks_one_pod_per_profile_and_one_that_cannot_fit() {
+        let profiles = proto::hami::mig::known_profiles("NVIDIA A100-SXM4-40GB").unwrap();
+        let mix = mig(&profiles, "GPU-pinned");
+        let names: Vec<&str> = mix
+            .iter()
+            .filter_map(|d| d.pod.metadata.name.as_deref())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "mig-1g",
+                "mig-2g",
+                "mig-3g",
+                "mig-7g",
+                "mig-2gpu",
+                "mig-init",
+                "mig-no-room"
+            ]
+        );
+        // Each asks more than the next smaller profile holds.
+        let asked: Vec<String> = mix[..4]
+            .iter()
+            .map(|d| limits(&d.pod)["nvidia.com/gpumem"].clone())
+            .collect();
+        assert_eq!(asked, ["2560", "7680", "15360", "30720"]);
+        let pending: Vec<&DemoPod> = mix.iter().filter(|d| d.expect_unschedulable).collect();
+        assert_eq!(pending.len(), 1);
+        let annotations = pending[0].pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations["nvidia.com/use-gpuuuid"], "GPU-pinned");
+        assert_eq!(pending[0].pod.spec.as_ref().unwrap().containers.len(), 2);
+        let others = mix[0].pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(others["nvidia.com/nouse-gpuuuid"], "GPU-pinned");
     }
 
     #[test]

@@ -86,3 +86,127 @@ async fn a_wrong_picture_is_reported_with_its_reasons() {
         vec!["inference-large is Pending: 0/2 nodes are available: 2 1/0 NodeInsufficientDevice"]
     );
 }
+
+/// `sandbox --workload mig`: node-daemons in `operatingMode: mig` with
+/// simulated A100-40GB. Every pod runs except `mig-no-room`, which stays
+/// Pending with HAMi's `CardMigTopologyInfeasible`; every container runs on
+/// a MIG instance of its own (`NVIDIA_VISIBLE_DEVICES=MIG-…`, the instance
+/// the pod's `vgpu-mig-allocations` names) with no HAMi-core limits; the
+/// checker, which knows MIG placements, is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mig_workload_runs_every_container_on_its_own_mig_instance() {
+    use integration::fake_kubelet::{ALLOCATIONS_ANNOTATION, ContainerAllocation};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::Api;
+    use kube::api::ListParams;
+
+    let args = Args::parse_from([
+        "sandbox",
+        "--workload",
+        "mig",
+        "--format",
+        "json",
+        "--timeout",
+        "180",
+    ]);
+    let (summary, cluster) = run(&args).await.expect("the sandbox runs");
+    let client = cluster.client().await.expect("a client");
+    let pods = Api::<Pod>::namespaced(client, integration::workload::NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .expect("pods list");
+    cluster.shutdown().await;
+
+    assert!(summary.as_expected(), "{:?}", summary.problems);
+    assert!(summary.report.is_clean(), "{:?}", summary.report);
+    assert_eq!(summary.pods_running, 6, "{:?}", summary.not_running);
+    assert_eq!(summary.not_running.len(), 1, "{:?}", summary.not_running);
+    let pending = &summary.not_running[0];
+    assert_eq!(
+        (pending.pod.as_str(), pending.phase.as_str()),
+        ("mig-no-room", "Pending")
+    );
+    assert!(
+        pending.reason.contains("CardMigTopologyInfeasible"),
+        "{}",
+        pending.reason
+    );
+    // The same report as the demo's: the summary's JSON keys.
+    let json = serde_json::to_value(&summary).unwrap();
+    let mut keys: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "control_plane",
+            "mismatched_containers",
+            "nodes",
+            "not_running",
+            "overcommitted_gpus",
+            "pods_failed",
+            "pods_pending",
+            "pods_rejected",
+            "pods_running",
+            "pods_submitted",
+            "problems",
+            "seconds_to_settle",
+            "unfinished_pods",
+        ]
+    );
+
+    let mut seen: Vec<String> = Vec::new();
+    let mut containers = 0;
+    for pod in pods
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+    {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let instances = proto::hami::mig::decode_allocations(
+            annotations
+                .get("hami.io/vgpu-mig-allocations")
+                .unwrap_or_else(|| panic!("{name}: no vgpu-mig-allocations")),
+        )
+        .unwrap();
+        let records: Vec<ContainerAllocation> =
+            serde_json::from_str(&annotations[ALLOCATIONS_ANNOTATION]).unwrap();
+        for record in records {
+            containers += 1;
+            let env = &record.reply.envs;
+            let visible = &env["NVIDIA_VISIBLE_DEVICES"];
+            for id in visible.split(',') {
+                assert!(
+                    id.starts_with("MIG-"),
+                    "{name}/{}: {visible}",
+                    record.container
+                );
+                assert!(
+                    instances
+                        .iter()
+                        .any(|i| i.runtime.as_ref().is_some_and(|r| r.mig_uuid == id)),
+                    "{name}/{}: {id} is not an instance the pod records",
+                    record.container
+                );
+                assert!(!seen.contains(&id.to_owned()), "{id} handed out twice");
+                seen.push(id.to_owned());
+            }
+            assert!(
+                !env.keys()
+                    .any(|k| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
+                        || k == "CUDA_DEVICE_SM_LIMIT"),
+                "{name}/{}: HAMi-core limits on a MIG instance: {env:?}",
+                record.container
+            );
+        }
+    }
+    // mig-1g, -2g, -3g, -7g, two instances of mig-2gpu, mig-init's init
+    // and app container.
+    assert_eq!(containers, 7);
+    assert_eq!(seen.len(), 8);
+}

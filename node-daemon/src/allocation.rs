@@ -138,6 +138,9 @@ pub enum PodFailure {
     /// Writing the pod's annotations failed.
     #[error("{0}")]
     Cluster(#[source] ClusterError),
+    /// A device on a MIG GPU has no instance to give.
+    #[error("{0}")]
+    Mig(#[source] crate::mig::NoPlacement),
 }
 
 impl PodFailure {

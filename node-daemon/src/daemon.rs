@@ -198,10 +198,10 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     let gpus = Shaping::from(&settings).advertise(&devices.discover()?)?;
     info!(node = %node, gpus = gpus.len(), split = settings.device_split_count, "GPUs discovered");
 
-    let mig_gpus: Vec<String> = gpus
+    let mig_gpus: crate::mig::MigGpus = gpus
         .iter()
         .filter(|g| !g.mig_profiles.is_empty())
-        .map(|g| g.uuid.clone())
+        .map(|g| (g.uuid.clone(), g.mig_profiles.clone()))
         .collect();
     let clock = CommitClock::new();
     let pods = cluster.pods_on_node(&node).await?;

@@ -20,7 +20,7 @@ use node_daemon::cluster::{
 use node_daemon::daemon::{Daemon, run};
 use node_daemon::devices::DeviceSource as _;
 use node_daemon::devices::simulated::{HealthSwitch, SimulatedDevices};
-use node_daemon::settings::{DeviceSourceKind, Settings, SimulatedGpu};
+use node_daemon::settings::{DeviceSourceKind, OperatingMode, Settings, SimulatedGpu};
 use proto::deviceplugin::v1beta1 as api;
 use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
@@ -192,16 +192,15 @@ impl Node {
             metrics_bind_address: metrics,
             ..settings(dir.path(), split)
         };
-        Self::start_configured(cluster, api, dir, settings).await
+        Self::start_configured(settings, cluster, api, dir).await
     }
 
-    /// Starts a daemon with `settings` (whose folders are in `dir`) and waits
-    /// for its registration.
+    /// Starts a daemon with `settings` (whose plugin dir is `dir`).
     async fn start_configured(
+        settings: Settings,
         cluster: MemoryCluster,
         api: Arc<dyn Cluster>,
         dir: tempfile::TempDir,
-        settings: Settings,
     ) -> Self {
         let mut registrations = start_kubelet(dir.path());
         let devices = SimulatedDevices::from_settings(&settings, NODE);
@@ -453,7 +452,7 @@ async fn pair_scores_are_published_with_enable_topology_score_only() {
     let dir = tempfile::tempdir().unwrap();
     let settings = topology(dir.path(), true);
     let node =
-        Node::start_configured(cluster.clone(), Arc::new(cluster.clone()), dir, settings).await;
+        Node::start_configured(settings, cluster.clone(), Arc::new(cluster.clone()), dir).await;
     node.wait_cluster("register annotation", |s| {
         s.nodes
             .get(NODE)
@@ -482,7 +481,7 @@ async fn pair_scores_are_published_with_enable_topology_score_only() {
     let dir = tempfile::tempdir().unwrap();
     let settings = topology(dir.path(), false);
     let node =
-        Node::start_configured(cluster.clone(), Arc::new(cluster.clone()), dir, settings).await;
+        Node::start_configured(settings, cluster.clone(), Arc::new(cluster.clone()), dir).await;
     node.wait_cluster("register annotation", |s| {
         s.nodes
             .get(NODE)
@@ -1084,5 +1083,141 @@ async fn metrics_show_what_hami_core_reports_per_container() {
         assert!(text.contains(&line), "{line} not in {text}");
     }
     assert!(!text.contains("container=\"other\""), "{text}");
+    node.stop().await;
+}
+
+// === MIG ===
+
+/// A daemon in `operatingMode: mig` with two simulated A100-40GB.
+async fn start_mig(cluster: &MemoryCluster) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let a100 = SimulatedGpu {
+        model: "NVIDIA A100-SXM4-40GB".into(),
+        memory_mib: 40_960,
+        numa: 0,
+        nvlink_group: None,
+        nvlinks: 12,
+    };
+    let settings = Settings {
+        simulated_gpu_list: vec![a100.clone(), a100],
+        operating_mode: OperatingMode::Mig,
+        ..settings(dir.path(), 10)
+    };
+    Node::start_configured(settings, cluster.clone(), Arc::new(cluster.clone()), dir).await
+}
+
+fn with_annotation(mut pod: PodView, key: &str, value: &str) -> PodView {
+    pod.annotations.insert(key.to_owned(), value.to_owned());
+    pod
+}
+
+/// A pod whose scheduler recorded its instance gets that instance; one
+/// without gets the daemon's own choice around the instances recorded on
+/// the node. Each container sees its MIG device and no HAMi-core limits,
+/// and the instances are written back with their runtime identity.
+#[actix::test]
+async fn a_mig_pod_gets_the_schedulers_placement_or_else_the_daemons_own() {
+    let cluster = MemoryCluster::new();
+    let node = start_mig(&cluster).await;
+    let a = node.uuids[0].clone();
+    let mut client = node.client().await;
+
+    // The scheduler put a 2g.10gb at slices 4-5 (its own rule would pick 0-1).
+    let scheduled = with_annotation(
+        bound_pod("scheduled", &["app"], &format!("{a},NVIDIA,10240,28:;")),
+        keys::VGPU_MIG_ALLOCATIONS,
+        &format!(
+            r#"[{{"containerIndex":0,"deviceIndex":0,"gpuUUID":"{a}","profile":"2g.10gb","placement":{{"start":4,"size":2}}}}]"#
+        ),
+    );
+    cluster.put_pod(NODE, scheduled);
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("scheduled")));
+    let reply = client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let env = &reply.container_responses[0].envs;
+    assert!(env["NVIDIA_VISIBLE_DEVICES"].starts_with("MIG-"), "{env:?}");
+    assert!(
+        !env.keys()
+            .any(|k| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT") || k == "CUDA_DEVICE_SM_LIMIT"),
+        "{env:?}"
+    );
+    let pod = cluster.pod("ns", "scheduled").unwrap();
+    let written =
+        proto::hami::mig::decode_allocations(pod.annotation(keys::VGPU_MIG_ALLOCATIONS).unwrap())
+            .unwrap();
+    assert_eq!(written.len(), 1);
+    assert_eq!(
+        (written[0].profile.as_str(), written[0].placement.start),
+        ("2g.10gb", 4)
+    );
+    let runtime = written[0]
+        .runtime
+        .as_ref()
+        .expect("runtime identity written");
+    assert_eq!(runtime.mig_uuid, env["NVIDIA_VISIBLE_DEVICES"]);
+    assert_eq!(runtime.gpu_instance_id, 4);
+    assert_eq!(pod.annotation(keys::BIND_PHASE), Some("success"));
+
+    // No placement recorded (a scheduler that writes none): the daemon's
+    // choice, by the scheduler's rule, around the other pod's slices 4-5.
+    // A 3g.20gb is tried from the top (4-7) first; 4-5 being taken, it
+    // gets 0-3.
+    cluster.put_pod(
+        NODE,
+        bound_pod("unplaced", &["app"], &format!("{a},NVIDIA,20480,42:;")),
+    );
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("unplaced")));
+    let reply = client
+        .allocate(allocate_request(&[format!("{a}-1")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let mig_uuid = reply.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"].clone();
+    let pod = cluster.pod("ns", "unplaced").unwrap();
+    let written =
+        proto::hami::mig::decode_allocations(pod.annotation(keys::VGPU_MIG_ALLOCATIONS).unwrap())
+            .unwrap();
+    assert_eq!(
+        (
+            written[0].profile.as_str(),
+            written[0].placement.start,
+            written[0].placement.size
+        ),
+        ("3g.20gb", 0, 4)
+    );
+    assert_eq!(written[0].runtime.as_ref().unwrap().mig_uuid, mig_uuid);
+
+    // Now 0-5 are taken: a third pod asking a 3g.20gb has no placement
+    // and is refused with the reason (memory and slots would still fit).
+    cluster.put_pod(
+        NODE,
+        bound_pod("no-room", &["app"], &format!("{a},NVIDIA,20480,42:;")),
+    );
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("no-room")));
+    let refused = client
+        .allocate(allocate_request(&[format!("{a}-2")]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .message()
+            .contains("no MIG profile holding 20480 MiB"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        cluster
+            .pod("ns", "no-room")
+            .unwrap()
+            .annotation(keys::BIND_PHASE),
+        Some("failed")
+    );
     node.stop().await;
 }

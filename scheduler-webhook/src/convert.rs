@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod, ResourceQuota
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use proto::hami::handshake::Handshake;
 use proto::hami::keys;
+use proto::hami::mig::{MigAllocation, decode_allocations};
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::resources::ResourceNames;
 
@@ -30,6 +31,10 @@ pub struct Allocation {
     pub devices: PodDevices,
     /// How many of `devices` belong to init containers.
     pub init_count: usize,
+    /// Its `hami.io/vgpu-mig-allocations` (empty when absent or when it
+    /// does not decode: the placements are then derived, as for a pod
+    /// bound by a scheduler that does not write them).
+    pub mig: Vec<MigAllocation>,
 }
 
 /// The allocation a pod's annotations record, if any (and if it decodes).
@@ -49,10 +54,15 @@ pub fn allocation_of(pod: &Pod) -> Option<Allocation> {
     } else {
         init
     };
+    let mig = annotations
+        .get(keys::VGPU_MIG_ALLOCATIONS)
+        .and_then(|v| decode_allocations(v).ok())
+        .unwrap_or_default();
     Some(Allocation {
         node,
         devices,
         init_count,
+        mig,
     })
 }
 

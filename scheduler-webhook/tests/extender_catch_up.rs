@@ -678,3 +678,104 @@ async fn a_bound_holder_keeps_the_node_until_the_lock_expires() {
         "allocating"
     );
 }
+
+/// A pod placed on a GPU in `mig` mode is bound with the instance its
+/// filter chose, in HAMi's `hami.io/vgpu-mig-allocations` format, in the
+/// same patch as the other allocation annotations; a pod on a `hami-core`
+/// GPU carries none.
+#[tokio::test]
+async fn a_bind_on_a_mig_gpu_writes_the_chosen_instance_with_the_other_annotations() {
+    use scheduler_webhook::extender::bind::bind_within;
+    let mut mig_node = node("n1", 1);
+    let device = NodeDevice {
+        id: "GPU-n1-0".into(),
+        index: 0,
+        count: 7,
+        devmem: 40960,
+        devcore: 100,
+        device_type: "NVIDIA A100-SXM4-40GB".into(),
+        numa: 0,
+        mode: "mig".into(),
+        health: true,
+        mig_profiles: proto::hami::mig::known_profiles("NVIDIA A100-SXM4-40GB").unwrap(),
+    };
+    mig_node.metadata.annotations = Some(
+        [(
+            keys::NODE_NVIDIA_REGISTER.to_owned(),
+            register::encode_json(&[device]).unwrap(),
+        )]
+        .into(),
+    );
+    let handle = model();
+    mark_listed(&handle, &[Kind::Nodes, Kind::Pods, Kind::Quotas]).await;
+    apply(&handle, mig_node).await;
+    // slice_pod asks 2000 MiB: the smallest profile, 1g.5gb, from the top.
+    let placed = handle
+        .filter(slice_pod("a"), candidates(&["n1"]))
+        .await
+        .unwrap();
+    assert_eq!(placed_on(&placed), Some("n1"), "{placed:?}");
+    let mut a = slice_pod_json("a");
+    a["apiVersion"] = json!("v1");
+    a["kind"] = json!("Pod");
+    a["metadata"]["resourceVersion"] = json!("20");
+    let state = std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
+        node: json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {}}}),
+        pods: [("ns/a".to_owned(), a)].into_iter().collect(),
+        log: Vec::new(),
+    }));
+    bind_within(
+        &api::client(&state),
+        &handle,
+        &binding("a", "n1"),
+        std::time::Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    let s = state.lock().await;
+    let annotations = &s.pods["ns/a"]["metadata"]["annotations"];
+    assert_eq!(
+        annotations[keys::VGPU_MIG_ALLOCATIONS],
+        r#"[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-n1-0","profile":"1g.5gb","placement":{"start":6,"size":1}}]"#
+    );
+    assert_eq!(
+        annotations[keys::VGPU_DEVICES_ALLOCATED],
+        "GPU-n1-0,NVIDIA,5120,14:;"
+    );
+    let annotating = s
+        .log
+        .iter()
+        .filter(|r| *r == "PATCH /api/v1/namespaces/ns/pods/a")
+        .count();
+    assert_eq!(annotating, 1, "one patch: {:?}", s.log);
+    drop(s);
+
+    // On a hami-core GPU: no MIG annotation.
+    let handle = filtered_to_n1("b").await;
+    let mut b = slice_pod_json("b");
+    b["apiVersion"] = json!("v1");
+    b["kind"] = json!("Pod");
+    b["metadata"]["resourceVersion"] = json!("20");
+    let state = std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
+        node: json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {}}}),
+        pods: [("ns/b".to_owned(), b)].into_iter().collect(),
+        log: Vec::new(),
+    }));
+    bind_within(
+        &api::client(&state),
+        &handle,
+        &binding("b", "n1"),
+        std::time::Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    let s = state.lock().await;
+    let annotations = &s.pods["ns/b"]["metadata"]["annotations"];
+    assert!(
+        annotations.get(keys::VGPU_MIG_ALLOCATIONS).is_none(),
+        "{annotations}"
+    );
+    assert_eq!(annotations[keys::BIND_PHASE], "allocating");
+}

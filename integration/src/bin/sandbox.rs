@@ -14,14 +14,14 @@ async fn main() -> ExitCode {
             .try_init();
     }
     if args.format == "table" {
+        let sharing = if args.workload == "mig" {
+            "MIG mode".to_owned()
+        } else {
+            format!("{} slices each", args.split_count)
+        };
         eprintln!(
-            "starting a cluster: {} node(s) x {} {} ({} MiB, {} slices each), workload {}",
-            args.nodes,
-            args.gpus_per_node,
-            args.gpu_model,
-            args.gpu_memory,
-            args.split_count,
-            args.workload
+            "starting a cluster: {} node(s) x {} {} ({} MiB, {sharing}), workload {}",
+            args.nodes, args.gpus_per_node, args.gpu_model, args.gpu_memory, args.workload
         );
     }
     let (mut summary, cluster) = match run(&args).await {

@@ -56,8 +56,9 @@ pub struct ContractSettings {
     pub hook_path: PathBuf,
     /// `deviceMemoryScaling`.
     pub device_memory_scaling: f64,
-    /// UUIDs of the GPUs in MIG mode (their devices are MIG instances).
-    pub mig_gpus: Vec<String>,
+    /// The GPUs in MIG mode (their devices are MIG instances), with their
+    /// profiles.
+    pub mig_gpus: crate::mig::MigGpus,
 }
 
 /// Everything an Allocate needs; cheap to clone into the response future.
@@ -130,7 +131,7 @@ impl Allocator {
         let lock = self.node_lock().await;
         let (pod, todo) = identify_pod(&self.node, lock.as_deref(), &pods, first.len())?;
         let mut committed = Vec::new();
-        match self.serve(pod, todo, requests, &mut committed).await {
+        match self.serve(pod, &pods, todo, requests, &mut committed).await {
             Ok(slices) => Ok(slices),
             Err(reason) => {
                 for (uuid, key) in committed {
@@ -189,16 +190,29 @@ impl Allocator {
     async fn serve(
         &self,
         pod: &PodView,
+        pods: &[PodView],
         mut todo: proto::hami::pod_devices::PodDevices,
         requests: &[Vec<String>],
         committed: &mut Vec<(String, SliceKey)>,
     ) -> Result<Vec<ContainerSlice>, PodFailure> {
         let mut slices = Vec::with_capacity(requests.len());
         let mut last = false;
+        // The pod's MIG instances as recorded, updated container by
+        // container and written back with the other annotations.
+        let (mut mig_record, unreadable) = crate::mig::recorded(pod);
+        if let Some(error) = unreadable {
+            warn!(pod = %pod.full_name(), %error, "vgpu-mig-allocations does not decode; choosing the instances here");
+        }
+        let mut mig_placed = false;
         for ids in requests {
             let plan = plan_container(pod, &todo, ids.len(), |u| self.gpus.contains(u))?;
+            let instances = self.place_mig(pod, pods, &plan, &mig_record)?;
             self.commit(pod, &plan, committed).await?;
-            let slice = self.contract(pod, &plan).await?;
+            if !instances.is_empty() {
+                mig_placed = true;
+                crate::mig::merge(&mut mig_record, instances.iter().cloned());
+            }
+            let slice = self.contract(pod, &plan, &instances).await?;
             info!(
                 pod = %pod.full_name(),
                 container = %plan.container_name,
@@ -219,6 +233,12 @@ impl Allocator {
         )]
         .into_iter()
         .collect();
+        if mig_placed {
+            patch.insert(
+                keys::VGPU_MIG_ALLOCATIONS.to_owned(),
+                Some(proto::hami::mig::encode_allocations(&mig_record)),
+            );
+        }
         if last {
             patch.insert(
                 keys::BIND_PHASE.to_owned(),
@@ -236,6 +256,52 @@ impl Allocator {
         Ok(slices)
     }
 
+    /// The MIG instance of each of the container's devices on a MIG GPU,
+    /// with its runtime identity: the scheduler's placement when the pod
+    /// records a valid one, else this daemon's choice (see [`crate::mig`]).
+    fn place_mig(
+        &self,
+        pod: &PodView,
+        pods: &[PodView],
+        plan: &ContainerPlan,
+        record: &[proto::hami::mig::MigAllocation],
+    ) -> Result<Vec<proto::hami::mig::MigAllocation>, PodFailure> {
+        if !plan
+            .devices
+            .iter()
+            .any(|d| self.contract.mig_gpus.contains_key(&d.uuid))
+        {
+            return Ok(Vec::new());
+        }
+        let taken = crate::mig::taken_by_others(pods, &pod.uid);
+        let placed = crate::mig::place_container(
+            plan.container,
+            &plan.devices,
+            &self.contract.mig_gpus,
+            record,
+            &taken,
+        )
+        .map_err(PodFailure::Mig)?;
+        Ok(placed
+            .into_iter()
+            .map(|p| {
+                let mut a = p.allocation;
+                crate::mig::simulate_runtime(&mut a, &pod.uid);
+                info!(
+                    pod = %pod.full_name(),
+                    container = plan.container,
+                    gpu = %a.gpu_uuid,
+                    profile = %a.profile,
+                    start = a.placement.start,
+                    size = a.placement.size,
+                    chosen_by = if p.from_scheduler { "scheduler" } else { "node-daemon" },
+                    "MIG instance"
+                );
+                a
+            })
+            .collect())
+    }
+
     /// The env and mounts, and the per-container host folder HAMi-core
     /// writes its cache into (created 0777 like HAMi; a failure is logged,
     /// not fatal: the container runtime creates a missing bind source).
@@ -243,6 +309,7 @@ impl Allocator {
         &self,
         pod: &PodView,
         plan: &ContainerPlan,
+        instances: &[proto::hami::mig::MigAllocation],
     ) -> Result<ContainerSlice, PodFailure> {
         let ctx = ContractContext {
             hook_path: self.contract.hook_path.to_string_lossy().into_owned(),
@@ -260,7 +327,16 @@ impl Allocator {
             &mut slice,
             &plan.devices,
             &self.contract.mig_gpus,
-            |device, gpu| crate::mig::simulated_mig_uuid(gpu, &pod.uid, plan.container, device),
+            |device, gpu| {
+                instances
+                    .iter()
+                    .find(|a| a.device_index as usize == device)
+                    .and_then(|a| a.runtime.as_ref())
+                    .map_or_else(
+                        || crate::mig::simulated_mig_uuid(gpu, &pod.uid, plan.container, device),
+                        |r| r.mig_uuid.clone(),
+                    )
+            },
         );
         let dir = self
             .contract

@@ -95,7 +95,7 @@ pub fn status_of(error: &AllocateError) -> Status {
             ..
         } => Status::unavailable(message),
         AllocateError::Pod {
-            reason: PodFailure::Ledger { .. },
+            reason: PodFailure::Ledger { .. } | PodFailure::Mig(_),
             ..
         } => Status::resource_exhausted(message),
         AllocateError::NoPod { .. }

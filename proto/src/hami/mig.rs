@@ -386,6 +386,64 @@ pub(crate) fn push_profiles_json(out: &mut String, profiles: &[MigProfile]) {
     out.push(']');
 }
 
+/// One chosen instance: profile (position in the profile list) and placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigChoice {
+    /// Position of the profile in the GPU's profile list.
+    pub profile: usize,
+    /// Where the instance sits.
+    pub placement: MigPlacement,
+    /// The placement's slice mask.
+    pub mask: u32,
+}
+
+/// Whether HAMi tries this profile's placements from the highest start
+/// down (`1g.*`, `3g.*`).
+fn prefers_high(name: &str) -> bool {
+    name.starts_with("1g.") || name.starts_with("3g.")
+}
+
+/// The instance a request for `mem` MiB gets on a GPU with these profiles
+/// when the slices in `taken` are occupied (bit `i` = memory slice `i`);
+/// `None` when no profile holding `mem` has a free placement.
+///
+/// HAMi v2.10's rule (`pkg/device/nvidia/device.go` `selectMigCandidate`,
+/// `mig_topology.go`): profiles from the smallest memory up (then the
+/// fewest compute slices); the first that holds `mem` and has a placement
+/// overlapping nothing taken wins; `1g.*` and `3g.*` placements are tried
+/// from the highest start down, the others from the lowest up. The
+/// scheduler places by it, and the node-daemon when the pod carries no
+/// placement from the scheduler: one rule, written once.
+#[must_use]
+pub fn choose(profiles: &[MigProfile], taken: u32, mem: u64) -> Option<MigChoice> {
+    let mut order: Vec<usize> = (0..profiles.len()).collect();
+    order.sort_by_key(|&i| (profiles[i].memory_mb, profiles[i].slice_count));
+    for i in order {
+        let p = &profiles[i];
+        if u64::from(p.memory_mb) < mem {
+            continue;
+        }
+        let mut placements = p.placements.clone();
+        if prefers_high(&p.name) {
+            placements.sort_by_key(|pl| std::cmp::Reverse(pl.start));
+        } else {
+            placements.sort_by_key(|pl| pl.start);
+        }
+        for pl in placements {
+            if let Some(mask) = pl.mask()
+                && mask & taken == 0
+            {
+                return Some(MigChoice {
+                    profile: i,
+                    placement: pl,
+                    mask,
+                });
+            }
+        }
+    }
+    None
+}
+
 /// A profile with `placements` spaced `size` apart from `first`.
 fn profile(
     name: &str,
@@ -505,6 +563,52 @@ mod tests {
         );
         assert!(matches!(decode_allocations("{"), Err(MigError::Json(_))));
         assert!(matches!(decode_allocations("{}"), Err(MigError::Shape(_))));
+    }
+
+    fn a100() -> Vec<MigProfile> {
+        known_profiles("NVIDIA A100-SXM4-40GB").unwrap()
+    }
+
+    fn name(p: &[MigProfile], c: Option<MigChoice>) -> Option<(&str, u32, u32)> {
+        c.map(|c| {
+            (
+                p[c.profile].name.as_str(),
+                c.placement.start,
+                c.placement.size,
+            )
+        })
+    }
+
+    #[test]
+    fn smallest_profile_holding_the_request_wins() {
+        let p = a100();
+        // HAMi's documented example: 8000 MiB on an empty A100-40GB → 2g.10gb.
+        assert_eq!(name(&p, choose(&p, 0, 8000)), Some(("2g.10gb", 0, 2)));
+        assert_eq!(name(&p, choose(&p, 0, 3000)), Some(("1g.5gb", 6, 1)));
+        assert_eq!(name(&p, choose(&p, 0, 5120)), Some(("1g.5gb", 6, 1)));
+        assert_eq!(name(&p, choose(&p, 0, 20000)), Some(("3g.20gb", 4, 4)));
+        assert_eq!(name(&p, choose(&p, 0, 30000)), Some(("7g.40gb", 0, 8)));
+        assert_eq!(choose(&p, 0, 50000), None);
+    }
+
+    #[test]
+    fn a_bigger_profile_is_taken_when_the_smaller_has_no_room() {
+        let p = a100();
+        // Three 2g.10gb at 0, 2, 4 (HAMi's test): a fourth 2g does not fit,
+        // a 1g still does (slice 6).
+        let taken = 0b0011_1111;
+        assert_eq!(choose(&p, taken, 10000), None);
+        assert_eq!(name(&p, choose(&p, taken, 5000)), Some(("1g.5gb", 6, 1)));
+        // 1g at 6 taken: a 5000 MiB request moves up to a 2g only if one
+        // fits; here none does.
+        assert_eq!(choose(&p, taken | 0b0100_0000, 5000), None);
+        // Slices 4..8 taken by a 3g: a 3g request takes the other half.
+        assert_eq!(
+            name(&p, choose(&p, 0b1111_0000, 20000)),
+            Some(("3g.20gb", 0, 4))
+        );
+        // Anything live blocks the 7g.
+        assert_eq!(choose(&p, 0b1000_0000, 30000), None);
     }
 
     #[test]

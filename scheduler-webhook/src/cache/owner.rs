@@ -490,7 +490,10 @@ async fn run(
                     warn!(node = ?node.metadata.name, %error, "node annotation does not decode; keeping its previous GPUs");
                 }
                 if let Some(name) = node.metadata.name.as_ref() {
-                    let offered = model.unregistered(std::slice::from_ref(name)).next().is_none();
+                    let offered = model
+                        .unregistered(std::slice::from_ref(name))
+                        .next()
+                        .is_none();
                     if offered_before != Some(offered) {
                         let handshake = model.handshake_of(name);
                         info!(

@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use proto::hami::mig::MigAllocation;
 use proto::hami::pod_devices::PodDevices;
 
 use super::fragmentation::Fragmentation;
@@ -46,6 +47,10 @@ pub struct Decided {
     pub node: String,
     /// What each container gets.
     pub devices: PodDevices,
+    /// The MIG instance of each entry on a MIG GPU, filled in by
+    /// [`PodBook::reserve`] from the ledger (written at bind as
+    /// `hami.io/vgpu-mig-allocations`); empty without MIG entries.
+    pub mig: Vec<MigAllocation>,
 }
 
 /// Where a pod is, as the scheduler sees it.
@@ -300,6 +305,8 @@ impl PodBook {
             init_count,
             HostResources::default(),
         )?;
+        let mut decided = decided;
+        decided.mig = cluster.mig_instances(uid).to_vec();
         self.fragmentation.node_changed(node);
         self.set_charge(uid, QuotaUse::of_devices(&decided.devices, init_count));
         self.set_stage(uid, Stage::Reserved(decided));
@@ -694,6 +701,7 @@ impl PodBook {
                     &allocation.devices,
                     allocation.init_count,
                     HostResources::default(),
+                    &allocation.mig,
                 )
                 .is_ok()
         });
@@ -737,6 +745,7 @@ mod tests {
         Decided {
             node: node.to_owned(),
             devices: devices(node, mem, cores),
+            mig: Vec::new(),
         }
     }
 
@@ -745,6 +754,7 @@ mod tests {
             node: node.to_owned(),
             devices: devices(node, mem, cores),
             init_count: 0,
+            mig: Vec::new(),
         }
     }
 

@@ -621,9 +621,9 @@ pub fn fit_pod(node: &Node, req: &PodRequest, order: &[usize]) -> Result<PodPick
                 .any(|pick| node.gpus.get(pick.gpu).is_some_and(mig::is_mig))
             {
                 let m = working_mig.get_or_insert_with(|| node.mig_slices.clone());
-                if let Ok(held) = mig::place_entries(node, m, p.iter().map(|x| (x.gpu, x.usedmem)))
-                {
-                    for (pos, mask) in held {
+                let entries = p.iter().enumerate().map(|(j, x)| (i, j, x.gpu, x.usedmem));
+                if let Ok(placed) = mig::place_entries(node, m, entries) {
+                    for (pos, mask) in placed.masks {
                         if let Some(s) = m.get_mut(pos) {
                             *s |= mask;
                         }

@@ -12,6 +12,10 @@
 //! compute, not what it asked (an 8000 MiB request on an A100-40GB takes a
 //! `2g.10gb`: 10240 MiB and 28 % of the cores).
 //!
+//! The choice itself ([`choose`]) lives in [`proto::hami::mig`], since
+//! the node-daemon makes the same choice for a pod the scheduler gave no
+//! placement; this module applies it to the model's nodes and pods.
+//!
 //! Occupancy is a bit mask of memory slices per GPU (bit `i` = slice `i`),
 //! kept in [`crate::core::model::Node::mig_slices`] and per pod in
 //! [`crate::core::model::PodUsage::mig`]; two placements overlap exactly
@@ -21,65 +25,16 @@
 //! `migProfileAllowlist` and `nvidia.com/mig-profile-preference` (not
 //! supported yet: every profile the node reports may be used).
 
-use proto::hami::mig::{MigPlacement, MigProfile};
+use proto::hami::mig::{MigAllocation, MigProfile};
+pub use proto::hami::mig::{MigChoice, choose};
 use proto::hami::register::MODE_MIG;
 
 use crate::core::model::{Gpu, Node};
-
-/// One chosen instance: profile (position in [`Gpu::mig`]) and placement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MigChoice {
-    /// Position of the profile in the GPU's profile list.
-    pub profile: usize,
-    /// Where the instance sits.
-    pub placement: MigPlacement,
-    /// The placement's slice mask.
-    pub mask: u32,
-}
 
 /// Whether a GPU hands out MIG instances rather than HAMi-core slices.
 #[must_use]
 pub fn is_mig(gpu: &Gpu) -> bool {
     gpu.mode == MODE_MIG
-}
-
-/// Whether HAMi tries this profile's placements from the highest start
-/// down (`1g.*`, `3g.*`).
-fn prefers_high(name: &str) -> bool {
-    name.starts_with("1g.") || name.starts_with("3g.")
-}
-
-/// The instance a request for `mem` MiB gets on a GPU with these profiles
-/// when the slices in `taken` are occupied; `None` when no profile holding
-/// `mem` has a free placement.
-#[must_use]
-pub fn choose(profiles: &[MigProfile], taken: u32, mem: u64) -> Option<MigChoice> {
-    let mut order: Vec<usize> = (0..profiles.len()).collect();
-    order.sort_by_key(|&i| (profiles[i].memory_mb, profiles[i].slice_count));
-    for i in order {
-        let p = &profiles[i];
-        if u64::from(p.memory_mb) < mem {
-            continue;
-        }
-        let mut placements = p.placements.clone();
-        if prefers_high(&p.name) {
-            placements.sort_by_key(|pl| std::cmp::Reverse(pl.start));
-        } else {
-            placements.sort_by_key(|pl| pl.start);
-        }
-        for pl in placements {
-            if let Some(mask) = pl.mask()
-                && mask & taken == 0
-            {
-                return Some(MigChoice {
-                    profile: i,
-                    placement: pl,
-                    mask,
-                });
-            }
-        }
-    }
-    None
 }
 
 /// The slot count a MIG GPU offers: the largest number of instances of one
@@ -93,92 +48,127 @@ pub fn slot_count(profiles: &[MigProfile]) -> u32 {
         .unwrap_or(0)
 }
 
+/// One device entry of a pod, as [`place_entries`] and [`place_given`]
+/// take it: `(container index, device index, GPU position, memory MiB)`.
+pub type Entry = (usize, usize, usize, u64);
+
+/// Where one pod's MIG entries sit on a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placed {
+    /// The memory slices the pod holds per MIG GPU position.
+    pub masks: Vec<(usize, u32)>,
+    /// Each MIG entry's instance, in entry order (the
+    /// `hami.io/vgpu-mig-allocations` value).
+    pub instances: Vec<MigAllocation>,
+}
+
+impl Placed {
+    fn hold(&mut self, pos: usize, mask: u32) {
+        match self.masks.iter_mut().find(|(p, _)| *p == pos) {
+            Some((_, m)) => *m |= mask,
+            None => self.masks.push((pos, mask)),
+        }
+    }
+
+    fn held(&self, pos: usize) -> u32 {
+        self.masks
+            .iter()
+            .find(|(p, _)| *p == pos)
+            .map_or(0, |(_, m)| *m)
+    }
+}
+
 /// The instances one pod's device entries take on `node`, entry by entry
 /// in order (each MIG entry gets its own instance, as HAMi's
 /// `AddResourceUsage` commits them), with `base` the slices taken per GPU
-/// position before the pod. Entries on non-MIG GPUs are skipped. Returns
-/// the mask per GPU position the pod holds, or the UUID of the first GPU
-/// where an entry found no free placement.
+/// position before the pod. Entries on non-MIG GPUs are skipped.
 ///
 /// # Errors
-/// The UUID of the GPU with no room.
-pub fn place_entries<'a>(
+/// The UUID of the first GPU where an entry found no free placement.
+pub fn place_entries(
     node: &Node,
     base: &[u32],
-    entries: impl IntoIterator<Item = (usize, u64)> + 'a,
-) -> Result<Vec<(usize, u32)>, String> {
-    let mut held: Vec<(usize, u32)> = Vec::new();
-    for (pos, mem) in entries {
+    entries: impl IntoIterator<Item = Entry>,
+) -> Result<Placed, String> {
+    let mut placed = Placed::default();
+    for (container, device, pos, mem) in entries {
         let Some(gpu) = node.gpus.get(pos) else {
             continue;
         };
         if !is_mig(gpu) {
             continue;
         }
-        let mine = held.iter().find(|(p, _)| *p == pos).map_or(0, |(_, m)| *m);
-        let taken = base.get(pos).copied().unwrap_or(0) | mine;
+        let taken = base.get(pos).copied().unwrap_or(0) | placed.held(pos);
         let Some(c) = choose(&gpu.mig, taken, mem) else {
             return Err(gpu.uuid.clone());
         };
-        match held.iter_mut().find(|(p, _)| *p == pos) {
-            Some((_, m)) => *m |= c.mask,
-            None => held.push((pos, c.mask)),
-        }
+        placed.hold(pos, c.mask);
+        placed.instances.push(allocation(container, device, gpu, c));
     }
-    Ok(held)
+    Ok(placed)
+}
+
+fn allocation(container: usize, device: usize, gpu: &Gpu, c: MigChoice) -> MigAllocation {
+    MigAllocation {
+        container_index: u32::try_from(container).unwrap_or(u32::MAX),
+        device_index: u32::try_from(device).unwrap_or(u32::MAX),
+        gpu_uuid: gpu.uuid.clone(),
+        profile: gpu.mig[c.profile].name.clone(),
+        placement: c.placement,
+        runtime: None,
+    }
+}
+
+/// The instances `given` (a pod's `hami.io/vgpu-mig-allocations`) name for
+/// its MIG entries on `node`, when they name one for every MIG entry, on
+/// that entry's GPU, of a profile the GPU offers, at one of that profile's
+/// placements, and no two of the pod's own instances overlap; `None`
+/// otherwise (the caller then derives them with [`place_entries`]). Other
+/// pods' slices are not consulted: an allocation is a fact. Runtime
+/// identities in `given` are kept.
+#[must_use]
+pub fn place_given(
+    node: &Node,
+    given: &[MigAllocation],
+    entries: impl IntoIterator<Item = Entry>,
+) -> Option<Placed> {
+    let mut placed = Placed::default();
+    for (container, device, pos, _) in entries {
+        let gpu = node.gpus.get(pos)?;
+        if !is_mig(gpu) {
+            continue;
+        }
+        let a = given.iter().find(|a| {
+            usize::try_from(a.container_index).ok() == Some(container)
+                && usize::try_from(a.device_index).ok() == Some(device)
+        })?;
+        let offered = gpu
+            .mig
+            .iter()
+            .find(|p| p.name == a.profile)
+            .is_some_and(|p| p.placements.contains(&a.placement));
+        if a.gpu_uuid != gpu.uuid || !offered {
+            return None;
+        }
+        let mask = a.placement.mask()?;
+        if placed.held(pos) & mask != 0 {
+            return None;
+        }
+        placed.hold(pos, mask);
+        placed.instances.push(a.clone());
+    }
+    Some(placed)
 }
 
 #[cfg(test)]
 mod tests {
-    use proto::hami::mig::known_profiles;
+    use proto::hami::mig::{MigPlacement, known_profiles};
 
     use super::*;
     use crate::core::model::testutil::mk_mig_node;
 
     fn a100() -> Vec<MigProfile> {
         known_profiles("NVIDIA A100-SXM4-40GB").unwrap()
-    }
-
-    fn name(p: &[MigProfile], c: Option<MigChoice>) -> Option<(&str, u32, u32)> {
-        c.map(|c| {
-            (
-                p[c.profile].name.as_str(),
-                c.placement.start,
-                c.placement.size,
-            )
-        })
-    }
-
-    #[test]
-    fn smallest_profile_holding_the_request_wins() {
-        let p = a100();
-        // HAMi's documented example: 8000 MiB on an empty A100-40GB → 2g.10gb.
-        assert_eq!(name(&p, choose(&p, 0, 8000)), Some(("2g.10gb", 0, 2)));
-        assert_eq!(name(&p, choose(&p, 0, 3000)), Some(("1g.5gb", 6, 1)));
-        assert_eq!(name(&p, choose(&p, 0, 5120)), Some(("1g.5gb", 6, 1)));
-        assert_eq!(name(&p, choose(&p, 0, 20000)), Some(("3g.20gb", 4, 4)));
-        assert_eq!(name(&p, choose(&p, 0, 30000)), Some(("7g.40gb", 0, 8)));
-        assert_eq!(choose(&p, 0, 50000), None);
-    }
-
-    #[test]
-    fn a_bigger_profile_is_taken_when_the_smaller_has_no_room() {
-        let p = a100();
-        // Three 2g.10gb at 0, 2, 4 (HAMi's test): a fourth 2g does not fit,
-        // a 1g still does (slice 6).
-        let taken = 0b0011_1111;
-        assert_eq!(choose(&p, taken, 10000), None);
-        assert_eq!(name(&p, choose(&p, taken, 5000)), Some(("1g.5gb", 6, 1)));
-        // 1g at 6 taken: a 5000 MiB request moves up to a 2g only if one
-        // fits; here none does.
-        assert_eq!(choose(&p, taken | 0b0100_0000, 5000), None);
-        // Slices 4..8 taken by a 3g: a 3g request takes the other half.
-        assert_eq!(
-            name(&p, choose(&p, 0b1111_0000, 20000)),
-            Some(("3g.20gb", 0, 4))
-        );
-        // Anything live blocks the 7g.
-        assert_eq!(choose(&p, 0b1000_0000, 30000), None);
     }
 
     #[test]
@@ -197,12 +187,63 @@ mod tests {
     #[test]
     fn entries_of_one_pod_take_distinct_instances() {
         let n = mk_mig_node("m", 1);
-        let held = place_entries(&n, &[0], [(0, 10240), (0, 10240), (0, 10240)]).unwrap();
-        assert_eq!(held, vec![(0, 0b0011_1111)]);
+        let placed = place_entries(
+            &n,
+            &[0],
+            [(0, 0, 0, 10240), (1, 0, 0, 10240), (2, 0, 0, 10240)],
+        )
+        .unwrap();
+        assert_eq!(placed.masks, vec![(0, 0b0011_1111)]);
+        let at: Vec<(u32, &str, u32)> = placed
+            .instances
+            .iter()
+            .map(|a| (a.container_index, a.profile.as_str(), a.placement.start))
+            .collect();
         assert_eq!(
-            place_entries(&n, &[0], [(0, 20480), (0, 20480), (0, 1)]),
+            at,
+            [(0, "2g.10gb", 0), (1, "2g.10gb", 2), (2, "2g.10gb", 4)]
+        );
+        assert_eq!(
+            place_entries(&n, &[0], [(0, 0, 0, 20480), (0, 1, 0, 20480), (0, 2, 0, 1)]),
             Err("GPU-m-0".to_owned())
         );
+    }
+
+    fn given(c: u32, d: u32, gpu: &str, profile: &str, start: u32, size: u32) -> MigAllocation {
+        MigAllocation {
+            container_index: c,
+            device_index: d,
+            gpu_uuid: gpu.into(),
+            profile: profile.into(),
+            placement: MigPlacement { start, size },
+            runtime: None,
+        }
+    }
+
+    #[test]
+    fn given_instances_are_taken_only_when_valid_for_every_mig_entry() {
+        let n = mk_mig_node("m", 1);
+        let two = [(0, 0, 0, 8000), (1, 0, 0, 3000)];
+        let ok = [
+            given(0, 0, "GPU-m-0", "2g.10gb", 4, 2),
+            given(1, 0, "GPU-m-0", "1g.5gb", 0, 1),
+        ];
+        let placed = place_given(&n, &ok, two).unwrap();
+        assert_eq!(placed.masks, vec![(0, 0b0011_0001)]);
+        assert_eq!(placed.instances, ok);
+        // An entry without its instance, on another GPU, of a profile the
+        // GPU does not offer, at a placement the profile does not have, or
+        // overlapping the pod's own other instance: not believed.
+        assert_eq!(place_given(&n, &ok[..1], two), None);
+        for bad in [
+            given(1, 0, "GPU-other", "1g.5gb", 0, 1),
+            given(1, 0, "GPU-m-0", "4g.20gb", 0, 4),
+            given(1, 0, "GPU-m-0", "2g.10gb", 1, 2),
+            given(1, 0, "GPU-m-0", "1g.5gb", 5, 1),
+        ] {
+            let mixed = [ok[0].clone(), bad.clone()];
+            assert_eq!(place_given(&n, &mixed, two), None, "{bad:?}");
+        }
     }
 
     // === fit and ledger, end to end on one A100-40GB in mig mode ===
@@ -311,7 +352,7 @@ mod tests {
             usedmem: 10240,
             usedcores: 0,
         }]]);
-        c.observe_allocated("old", 0, &d, 0, HostResources::default())
+        c.observe_allocated("old", 0, &d, 0, HostResources::default(), &[])
             .unwrap();
         assert_eq!(c.node(0).unwrap().usage[0].used, 1);
         assert_eq!(c.node(0).unwrap().mig_slices[0], 0b11);

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use proto::hami::mig::{MigProfile, known_profiles};
+use proto::hami::mig::{MigAllocation, MigProfile, known_profiles};
 use proto::hami::pair_score::DevicePairScore;
 use proto::hami::register::{MODE_MIG, NodeDevice};
 
@@ -240,6 +240,10 @@ pub struct PodUsage {
     pub gpus: Vec<(usize, GpuUse)>,
     /// Per MIG GPU position, the memory slices its instances take.
     pub mig: Vec<(usize, u32)>,
+    /// Its MIG instances, one per device entry on a MIG GPU (what the bind
+    /// writes as `hami.io/vgpu-mig-allocations`; for an observed
+    /// allocation, that annotation's instances when it names them all).
+    pub mig_instances: Vec<MigAllocation>,
     /// CPU, milli-cores.
     pub cpu_milli: u64,
     /// Memory, MiB.

@@ -10,6 +10,7 @@
 //! by too, and the view [`crate::core::fit::fit_pod`] takes.
 
 use proto::accounting::{PodAmount, Role};
+use proto::hami::mig::MigAllocation;
 use proto::hami::pod_devices::PodDevices;
 
 use crate::core::mig;
@@ -211,10 +212,17 @@ pub struct HostResources {
 
 impl Cluster {
     /// What `devices` on `node` amount to for one pod. On MIG GPUs each
-    /// entry gets an instance by [`mig::place_entries`], around the slices
-    /// other pods take (the pod's own earlier holding excluded); with
-    /// `strict`, an entry with no free placement is an over-commit, else
-    /// (a fact observed) it holds no slices.
+    /// entry gets an instance: the one `given` names (a pod's
+    /// `hami.io/vgpu-mig-allocations`, when it names a valid one for every
+    /// MIG entry, [`mig::place_given`]), else one chosen by
+    /// [`mig::place_entries`] around the slices other pods take (the pod's
+    /// own earlier holding excluded); with `strict`, an entry with no free
+    /// placement is an over-commit, else (a fact observed) it holds no
+    /// slices.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one private helper behind reserve and observe_allocated"
+    )]
     fn usage_of(
         &self,
         uid: &str,
@@ -223,6 +231,7 @@ impl Cluster {
         init_count: usize,
         host: HostResources,
         committed: bool,
+        given: &[MigAllocation],
     ) -> Result<(&Node, PodUsage), ReservationError> {
         let n = self.node(node).ok_or(ReservationError::UnknownNode(node))?;
         let gpus = pod_gpu_usage(n, devices, init_count)?;
@@ -234,24 +243,37 @@ impl Cluster {
                 }
             }
         }
-        let entries = devices.0.iter().flatten().filter_map(|d| {
-            let (uuid, _) = proto::hami::mig::split_legacy_uuid(&d.uuid);
-            Some((n.gpu_position(uuid)?, u64::try_from(d.usedmem).ok()?))
-        });
-        let mig = match mig::place_entries(n, &base, entries) {
-            Ok(held) => held,
-            Err(uuid) if !committed => {
-                return Err(ReservationError::OverCommit {
-                    node: n.name.clone(),
-                    what: format!("MIG placements of {uuid}"),
-                });
-            }
-            Err(_) => Vec::new(),
+        let entries = || {
+            devices.0.iter().enumerate().flat_map(move |(i, c)| {
+                c.iter().enumerate().filter_map(move |(j, d)| {
+                    let (uuid, _) = proto::hami::mig::split_legacy_uuid(&d.uuid);
+                    Some((i, j, n.gpu_position(uuid)?, u64::try_from(d.usedmem).ok()?))
+                })
+            })
+        };
+        let from_annotation = if given.is_empty() {
+            None
+        } else {
+            mig::place_given(n, given, entries())
+        };
+        let placed = match from_annotation {
+            Some(placed) => placed,
+            None => match mig::place_entries(n, &base, entries()) {
+                Ok(placed) => placed,
+                Err(uuid) if !committed => {
+                    return Err(ReservationError::OverCommit {
+                        node: n.name.clone(),
+                        what: format!("MIG placements of {uuid}"),
+                    });
+                }
+                Err(_) => mig::Placed::default(),
+            },
         };
         let usage = PodUsage {
             node,
             gpus,
-            mig,
+            mig: placed.masks,
+            mig_instances: placed.instances,
             cpu_milli: host.cpu_milli,
             memory_mib: host.memory_mib,
             committed,
@@ -273,7 +295,7 @@ impl Cluster {
         init_count: usize,
         host: HostResources,
     ) -> Result<(), ReservationError> {
-        let (n, new) = self.usage_of(uid, node, devices, init_count, host, false)?;
+        let (n, new) = self.usage_of(uid, node, devices, init_count, host, false, &[])?;
         check_fits(n, self.ledger.pods.get(uid), &new)?;
         self.release(uid);
         self.insert(uid, new);
@@ -282,7 +304,10 @@ impl Cluster {
 
     /// Records an allocation the cluster already made (a pod's
     /// `hami.io/vgpu-devices-allocated`), committed and unchecked: facts
-    /// are never refused, even when they over-commit.
+    /// are never refused, even when they over-commit. `mig` is the pod's
+    /// `hami.io/vgpu-mig-allocations` (empty when it has none): its
+    /// placements are taken when they name every MIG entry, so the
+    /// picture after a restart is exact whatever order pods were bound in.
     ///
     /// # Errors
     /// Unknown node or GPU.
@@ -293,8 +318,9 @@ impl Cluster {
         devices: &PodDevices,
         init_count: usize,
         host: HostResources,
+        mig: &[MigAllocation],
     ) -> Result<(), ReservationError> {
-        let (_, usage) = self.usage_of(uid, node, devices, init_count, host, true)?;
+        let (_, usage) = self.usage_of(uid, node, devices, init_count, host, true, mig)?;
         self.release(uid);
         self.insert(uid, usage);
         Ok(())
@@ -322,6 +348,15 @@ impl Cluster {
             remove_usage(n, &old);
         }
         true
+    }
+
+    /// The MIG instances the pod holds (empty when none).
+    #[must_use]
+    pub fn mig_instances(&self, uid: &str) -> &[MigAllocation] {
+        self.ledger
+            .pods
+            .get(uid)
+            .map_or(&[], |p| p.mig_instances.as_slice())
     }
 
     /// What the pod holds, if anything.
@@ -494,7 +529,7 @@ mod tests {
         };
         c.reserve("p1", 0, &none, 0, h).unwrap();
         assert!(c.reserve("p2", 0, &none, 0, h).is_err());
-        c.observe_allocated("p2", 0, &none, 0, h).unwrap();
+        c.observe_allocated("p2", 0, &none, 0, h, &[]).unwrap();
         assert_eq!(c.node(0).unwrap().used_cpu_milli, 1600);
         assert!(c.reserve("p9", 7, &none, 0, h).is_err());
     }

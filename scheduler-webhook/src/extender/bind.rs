@@ -9,6 +9,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use proto::hami::bind::BindPhase;
 use proto::hami::keys;
+use proto::hami::mig::encode_allocations;
 use proto::hami::node_lock::NodeLock;
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep};
@@ -119,6 +120,9 @@ pub async fn bind_within(
             .try_encode()
             .map_err(|e| BindFailure::Encode(e.to_string()))?;
         let now = now_unix().to_string();
+        // Only pods with MIG instances carry it (HAMi's format); null
+        // clears a value from an earlier decision.
+        let mig = (!decided.mig.is_empty()).then(|| encode_allocations(&decided.mig));
         let patch = json!({"metadata": {
             "labels": {keys::VGPU_NODE: args.node},
             "annotations": {
@@ -126,6 +130,7 @@ pub async fn bind_within(
                 keys::VGPU_TIME: now,
                 keys::VGPU_DEVICES_TO_ALLOCATE: devices,
                 keys::VGPU_DEVICES_ALLOCATED: devices,
+                keys::VGPU_MIG_ALLOCATIONS: mig,
                 keys::BIND_PHASE: BindPhase::Allocating.as_str(),
                 keys::BIND_TIME: now,
                 // A new decision: an earlier binder's abandonment of this
@@ -185,6 +190,7 @@ async fn rollback(nodes: &Api<Node>, pods: &Api<Pod>, args: &ExtenderBindingArgs
         "annotations": {
             keys::VGPU_NODE: null, keys::VGPU_TIME: null,
             keys::VGPU_DEVICES_TO_ALLOCATE: null, keys::VGPU_DEVICES_ALLOCATED: null,
+            keys::VGPU_MIG_ALLOCATIONS: null,
             keys::BIND_PHASE: null, keys::BIND_TIME: null,
         }
     }});

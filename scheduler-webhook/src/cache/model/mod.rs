@@ -577,6 +577,7 @@ impl ClusterModel {
                 let decided = Decided {
                     node: node_name.clone(),
                     devices: devices.clone(),
+                    mig: Vec::new(),
                 };
                 match self.pods.reserve(
                     &mut self.cluster,

@@ -1032,3 +1032,110 @@ fn pair_scores_from_the_node_steer_topology_aware_pods() {
     );
     assert_eq!(model.cluster().node(0).unwrap().pair_score(0, 2), 200);
 }
+
+// === MIG ===
+
+/// A node with one A100-40GB in `mig` mode.
+fn mig_kube_node(name: &str) -> KubeNode {
+    let device = NodeDevice {
+        id: format!("GPU-{name}-0"),
+        index: 0,
+        count: 7,
+        devmem: 40960,
+        devcore: 100,
+        device_type: "NVIDIA A100-SXM4-40GB".into(),
+        numa: 0,
+        mode: "mig".into(),
+        health: true,
+        mig_profiles: proto::hami::mig::known_profiles("NVIDIA A100-SXM4-40GB").unwrap(),
+    };
+    serde_json::from_value(json!({"metadata": {"name": name, "annotations": {
+        keys::NODE_NVIDIA_REGISTER: register::encode_json(&[device]).unwrap()
+    }}}))
+    .unwrap()
+}
+
+fn mig_pod(uid: &str, mem: u32) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {
+            "nvidia.com/gpu": "1", "nvidia.com/gpumem": mem.to_string()}}}]}
+    }))
+    .unwrap()
+}
+
+fn instances(model: &ClusterModel, uid: &str) -> Vec<(String, u32, u32)> {
+    model
+        .decision(uid)
+        .map(|d| {
+            d.mig
+                .iter()
+                .map(|a| (a.profile.clone(), a.placement.start, a.placement.size))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_filter_on_a_mig_gpu_decides_the_instance_the_bind_writes() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&mig_kube_node("n1")).unwrap();
+    assert!(matches!(
+        model.filter(&mig_pod("a", 8000), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    assert_eq!(instances(&model, "a"), [("2g.10gb".to_owned(), 0, 2)]);
+    let decided = model.decision("a").unwrap();
+    assert_eq!(
+        proto::hami::mig::encode_allocations(&decided.mig),
+        r#"[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-n1-0","profile":"2g.10gb","placement":{"start":0,"size":2}}]"#
+    );
+    // A pod on a GPU in hami-core mode decides no instance.
+    model.apply_node(&kube_node("t", 1, 16000)).unwrap();
+    assert!(matches!(
+        model.filter(&slice_pod("b", 1000, 10), &names(&["t"])),
+        FilterOutcome::Placed { .. }
+    ));
+    assert!(model.decision("b").unwrap().mig.is_empty());
+    model.check().unwrap();
+}
+
+#[test]
+fn an_allocated_pod_holds_the_placement_its_mig_annotation_names() {
+    // After a restart the model learns an allocation whose 2g.10gb sits at
+    // slices 4-5 (the node's choice, or an earlier bind order): derived
+    // from vgpu-devices-allocated alone it would be put at 0-1.
+    let old = |mig: &str| {
+        let mut pod = allocated(mig_pod("old", 8000), "n1", "GPU-n1-0,NVIDIA,10240,28:;");
+        pod.metadata.annotations.as_mut().unwrap().insert(
+            keys::VGPU_MIG_ALLOCATIONS.to_owned(),
+            format!(
+                r#"[{{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-n1-0","profile":"2g.10gb","placement":{mig}}}]"#
+            ),
+        );
+        pod
+    };
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&mig_kube_node("n1")).unwrap();
+    model.apply_pod(&old(r#"{"start":4,"size":2}"#));
+    assert_eq!(model.cluster().node(0).unwrap().mig_slices[0], 0b0011_0000);
+    assert!(matches!(
+        model.filter(&mig_pod("b", 8000), &names(&["n1"])),
+        FilterOutcome::Placed { .. }
+    ));
+    assert_eq!(instances(&model, "b"), [("2g.10gb".to_owned(), 0, 2)]);
+    // A 3g.20gb no longer fits: slices 0-3 and 4-7 are both cut into.
+    let FilterOutcome::NoFit { failed } = model.filter(&mig_pod("c", 20000), &names(&["n1"]))
+    else {
+        panic!("expected no fit");
+    };
+    assert_eq!(failed["n1"], "1/1 CardMigTopologyInfeasible");
+
+    // A placement the profile does not offer is not believed: the
+    // instance is derived as without the annotation.
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&mig_kube_node("n1")).unwrap();
+    model.apply_pod(&old(r#"{"start":1,"size":2}"#));
+    assert_eq!(model.cluster().node(0).unwrap().mig_slices[0], 0b0000_0011);
+    model.check().unwrap();
+}
