@@ -100,7 +100,7 @@ async fn the_mig_workload_runs_every_container_on_its_own_mig_instance() {
     use kube::Api;
     use kube::api::ListParams;
 
-    let args = Args::parse_from([
+    let mut args = Args::parse_from([
         "sandbox",
         "--workload",
         "mig",
@@ -109,6 +109,8 @@ async fn the_mig_workload_runs_every_container_on_its_own_mig_instance() {
         "--timeout",
         "180",
     ]);
+    // `GPUSLICE_CONTROL_PLANE=real`: the real kube-apiserver and kube-scheduler.
+    args.control_plane = integration::cluster::ControlPlaneKind::from_env();
     let (summary, cluster) = run(&args).await.expect("the sandbox runs");
     let client = cluster.client().await.expect("a client");
     let pods = Api::<Pod>::namespaced(client, integration::workload::NAMESPACE)
