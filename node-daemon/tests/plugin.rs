@@ -448,118 +448,34 @@ async fn pair_scores_are_published_with_enable_topology_score_only() {
         enable_topology_score: enabled,
         ..settings(dir, 2)
     };
-    let cluster = MemoryCluster::new();
-    let dir = tempfile::tempdir().unwrap();
-    let settings = topology(dir.path(), true);
-    let node =
-        Node::start_configured(settings, cluster.clone(), Arc::new(cluster.clone()), dir).await;
-    node.wait_cluster("register annotation", |s| {
-        s.nodes
-            .get(NODE)
-            .is_some_and(|a| a.contains_key(keys::NODE_NVIDIA_REGISTER))
-    })
-    .await;
-    let written = cluster
-        .node_annotation(NODE, keys::NODE_NVIDIA_SCORE)
-        .unwrap();
-    let scores = proto::hami::pair_score::decode(&written).unwrap();
-    let [a, b, c] = [0, 1, 2].map(|i| node.uuids[i].clone());
-    assert_eq!(
-        scores.iter().map(|s| s.uuid.clone()).collect::<Vec<_>>(),
-        [a.clone(), b.clone(), c.clone()]
-    );
-    // Same NUMA node (20) and 12 NVLinks (1,200); across NUMA nodes 10.
-    assert_eq!(
-        scores[0].score,
-        BTreeMap::from([(b.clone(), 1_220), (c.clone(), 10)])
-    );
-    assert_eq!(scores[2].score, BTreeMap::from([(a, 10), (b, 10)]));
-    node.stop().await;
-
-    // Off (HAMi's default): the register only.
-    let cluster = MemoryCluster::new();
-    let dir = tempfile::tempdir().unwrap();
-    let settings = topology(dir.path(), false);
-    let node =
-        Node::start_configured(settings, cluster.clone(), Arc::new(cluster.clone()), dir).await;
-    node.wait_cluster("register annotation", |s| {
-        s.nodes
-            .get(NODE)
-            .is_some_and(|a| a.contains_key(keys::NODE_NVIDIA_REGISTER))
-    })
-    .await;
-    assert_eq!(cluster.node_annotation(NODE, keys::NODE_NVIDIA_SCORE), None);
-    node.stop().await;
-}
-
-#[actix::test]
-async fn two_container_pod_is_allocated_container_by_container() {
-    let cluster = MemoryCluster::new();
-    let metrics = free_port();
-    let api = Arc::new(cluster.clone());
-    let node = Node::start_with(10, cluster.clone(), api, None, Some(metrics)).await;
-    let (a, b) = (&node.uuids[0], &node.uuids[1]);
-    let devices = format!("{a},NVIDIA,1000,10:;{b},NVIDIA,3000,30:;");
-    cluster.put_pod(NODE, bound_pod("train", &["init", "app"], &devices));
-    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("train")));
-    let mut client = node.client().await;
-
-    let first = client
-        .allocate(allocate_request(&[format!("{a}-4")]))
-        .await
-        .unwrap()
-        .into_inner();
-    let env = &first.container_responses[0].envs;
-    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], *a);
-    assert_eq!(env["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
-    assert_eq!(env["CUDA_DEVICE_SM_LIMIT"], "10");
-    let pod = cluster.pod("ns", "train").unwrap();
-    assert_eq!(
-        pod.annotation(keys::VGPU_DEVICES_TO_ALLOCATE).unwrap(),
-        format!(";{b},NVIDIA,3000,30:;")
-    );
-    assert_eq!(pod.annotation(keys::BIND_PHASE), Some("allocating"));
-    assert!(
-        cluster.node_annotation(NODE, keys::NODE_LOCK).is_some(),
-        "lock kept until the last container"
-    );
-
-    let second = client
-        .allocate(allocate_request(&[format!("{b}-0")]))
-        .await
-        .unwrap()
-        .into_inner();
-    let response = &second.container_responses[0];
-    assert_eq!(response.envs["NVIDIA_VISIBLE_DEVICES"], *b);
-    assert_eq!(response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "3000m");
-    assert_eq!(response.envs["CUDA_DEVICE_SM_LIMIT"], "30");
-    let hook = node.dir.path().join("hook");
-    let shared = hook.join("vgpu/containers/uid-train_app");
-    assert!(shared.is_dir(), "HAMi-core folder created");
-    assert!(
-        response
-            .mounts
-            .iter()
-            .any(|m| m.host_path == shared.to_string_lossy() && !m.read_only)
-    );
-    let pod = cluster.pod("ns", "train").unwrap();
-    assert_eq!(pod.annotation(keys::VGPU_DEVICES_TO_ALLOCATE), Some(";;"));
-    assert_eq!(pod.annotation(keys::BIND_PHASE), Some("success"));
-    assert_eq!(
-        cluster.node_annotation(NODE, keys::NODE_LOCK),
-        None,
-        "lock released"
-    );
-
-    assert_eq!(http_get(metrics, "/healthz").await, "ok");
-    let text = http_get(metrics, "/metrics").await;
-    for (index, uuid) in [("0", a), ("1", b)] {
-        let line = format!(
-            "hami_vgpu_memory_allocated_bytes{{namespace=\"ns\",node=\"{NODE}\",pod=\"train\",container_index=\"{index}\",device_uuid=\"{uuid}\"}}"
-        );
-        assert!(text.contains(&line), "{line} not in {text}");
+    // With the setting, and without it (HAMi's default): the register only.
+    for enabled in [true, false] {
+        let cluster = MemoryCluster::new();
+        let dir = tempfile::tempdir().unwrap();
+        let settings = topology(dir.path(), enabled);
+        let api = Arc::new(cluster.clone());
+        let node = Node::start_configured(settings, cluster.clone(), api, dir).await;
+        node.wait_cluster("register annotation", |s| {
+            s.nodes
+                .get(NODE)
+                .is_some_and(|a| a.contains_key(keys::NODE_NVIDIA_REGISTER))
+        })
+        .await;
+        let written = cluster.node_annotation(NODE, keys::NODE_NVIDIA_SCORE);
+        if enabled {
+            let scores = proto::hami::pair_score::decode(&written.unwrap()).unwrap();
+            let [a, b, c] = [0, 1, 2].map(|i| node.uuids[i].clone());
+            let order: Vec<_> = scores.iter().map(|s| s.uuid.clone()).collect();
+            assert_eq!(order, [a.clone(), b.clone(), c.clone()]);
+            // Same NUMA node (20) and 12 NVLinks (1,200); across NUMA nodes 10.
+            let first = BTreeMap::from([(b.clone(), 1_220), (c.clone(), 10)]);
+            assert_eq!(scores[0].score, first);
+            assert_eq!(scores[2].score, BTreeMap::from([(a, 10), (b, 10)]));
+        } else {
+            assert_eq!(written, None);
+        }
+        node.stop().await;
     }
-    node.stop().await;
 }
 
 #[actix::test]

@@ -102,19 +102,30 @@ fn numa_node(bus_id: &str) -> i64 {
         .unwrap_or(-1)
 }
 
-impl DeviceSource for NvmlDevices {
-    fn discover(&self) -> Result<Vec<ReportedGpu>, DeviceError> {
+impl NvmlDevices {
+    /// Every device NVML lists, with its position and UUID.
+    fn devices(&self) -> Result<Vec<(u32, nvml_wrapper::Device<'_>, String)>, DeviceError> {
         let count = self
             .nvml
             .device_count()
             .map_err(nvml_error("device count"))?;
+        (0..count)
+            .map(|i| {
+                let dev = self
+                    .nvml
+                    .device_by_index(i)
+                    .map_err(nvml_error(format!("device {i}")))?;
+                let uuid = dev.uuid().map_err(nvml_error(format!("device {i} uuid")))?;
+                Ok((i, dev, uuid))
+            })
+            .collect()
+    }
+}
+
+impl DeviceSource for NvmlDevices {
+    fn discover(&self) -> Result<Vec<ReportedGpu>, DeviceError> {
         let mut gpus = Vec::new();
-        for i in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(i)
-                .map_err(nvml_error(format!("device {i}")))?;
-            let uuid = dev.uuid().map_err(nvml_error(format!("device {i} uuid")))?;
+        for (i, dev, uuid) in self.devices()? {
             let model = dev.name().map_err(nvml_error(format!("device {i} name")))?;
             let memory_mib = match dev.memory_info() {
                 Ok(m) => Some(m.total / (1024 * 1024)),
@@ -137,37 +148,19 @@ impl DeviceSource for NvmlDevices {
     /// `GetUtilizationRates`, `GetTemperature(GPU)` and `GetPowerUsage`, as
     /// HAMi's monitor makes them.
     fn usage(&self) -> Result<Vec<HostUsage>, DeviceError> {
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(nvml_error("device count"))?;
-        let mut out = Vec::new();
-        for i in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(i)
-                .map_err(nvml_error(format!("device {i}")))?;
-            let uuid = dev.uuid().map_err(nvml_error(format!("device {i} uuid")))?;
-            out.push(usage_of(&dev, uuid));
-        }
-        Ok(out)
+        Ok(self
+            .devices()?
+            .into_iter()
+            .map(|(_, dev, uuid)| usage_of(&dev, uuid))
+            .collect())
     }
 
     /// Untested without a GPU: NVML's `GetTopologyCommonAncestor` for the
     /// PCIe path and, per link, `GetNvLinkState`, `GetNvLinkRemotePciInfo`
     /// and `GetNvLinkRemoteDeviceType`, as HAMi's plugin reads them.
     fn links(&self) -> Result<PairLinks, DeviceError> {
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(nvml_error("device count"))?;
         let mut gpus = Vec::new();
-        for i in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(i)
-                .map_err(nvml_error(format!("device {i}")))?;
-            let uuid = dev.uuid().map_err(nvml_error(format!("device {i} uuid")))?;
+        for (i, dev, uuid) in self.devices()? {
             let bus_id = dev
                 .pci_info()
                 .map_err(nvml_error(format!("device {i} pci info")))?
