@@ -296,8 +296,38 @@ fn fit_container_on(
     c: &Constraints,
 ) -> Result<Vec<Pick>, FitFailure> {
     if c.topology {
-        return fit_topology(node, usage, order, req, c);
+        return fit_topology(node, usage, mig_slices, order, req, c);
     }
+    walk(node, usage, mig_slices, order, req, c, Walk::FirstFit)
+}
+
+/// What a walk over the GPUs keeps of those that pass the checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Stops at the `nums`-th (the default policies). With numa-bind, a
+    /// change of NUMA node drops the picks so far, counted `NumaNotFit`.
+    FirstFit,
+    /// Gathers every one (`topology-aware`). With numa-bind, only those of
+    /// the last NUMA node walked: the gathered GPUs restart at each change,
+    /// and as the count never drops no `NumaNotFit` is counted.
+    GatherAll,
+}
+
+/// Walks `order` from the end and checks each GPU for `req` (health, then
+/// [`check_gpu_mig`] against `mig_slices`, then the quota room left);
+/// returns what `walk` keeps once it holds at least `nums` GPUs.
+///
+/// # Errors
+/// The reasons GPUs were skipped, when fewer than `nums` pass.
+fn walk(
+    node: &Node,
+    usage: &[GpuUse],
+    mig_slices: &[u32],
+    order: &[usize],
+    req: &DeviceRequest,
+    c: &Constraints,
+    walk: Walk,
+) -> Result<Vec<Pick>, FitFailure> {
     let cards = node.gpus.len();
     let nums = usize::try_from(req.nums).unwrap_or(usize::MAX);
     if nums > cards {
@@ -306,7 +336,7 @@ fn fit_container_on(
     let mut fail = FitFailure::new(cards);
     let mut picks: Vec<Pick> = Vec::with_capacity(nums);
     let mut prev_numa: Option<u32> = None;
-    // Quota room left for this container's picks (`None`: no quota).
+    // Quota room left for the picks (`None`: no quota).
     let mut room = c.quota;
     for &pos in order.iter().rev() {
         let (Some(gpu), Some(used)) = (node.gpus.get(pos), usage.get(pos)) else {
@@ -317,11 +347,11 @@ fn fit_container_on(
             continue;
         }
         if c.numa_bind && prev_numa != Some(gpu.numa) {
-            if !picks.is_empty() {
+            if walk == Walk::FirstFit && !picks.is_empty() {
                 fail.add(Reason::NumaNotFit, picks.len());
-                picks.clear();
-                room = c.quota;
             }
+            picks.clear();
+            room = c.quota;
             prev_numa = Some(gpu.numa);
         }
         let taken = mig_slices.get(pos).copied().unwrap_or(0);
@@ -335,11 +365,14 @@ fn fit_container_on(
                     continue;
                 }
                 picks.push(Pick { gpu: pos, ..p });
-                if picks.len() == nums {
+                if walk == Walk::FirstFit && picks.len() == nums {
                     return Ok(picks);
                 }
             }
         }
+    }
+    if walk == Walk::GatherAll && picks.len() >= nums {
+        return Ok(picks);
     }
     if !picks.is_empty() {
         fail.add(Reason::AllocatedCardsInsufficientRequest, picks.len());
@@ -349,11 +382,11 @@ fn fit_container_on(
 
 /// [`fit_container`] under the `topology-aware` GPU policy, as HAMi v2.10's
 /// NVIDIA `Fit` does it (`pkg/device/nvidia/device.go`): the walk does not
-/// stop at `nums` but gathers every GPU that passes the checks (with
-/// numa-bind, only those of the last NUMA node walked: the gathered GPUs
-/// restart at each change, and as the count never drops no `NumaNotFit` is
-/// counted). Exactly `nums` gathered are the picks; more are narrowed by
-/// the node's pair scores ([`Node::pair_score`]):
+/// stop at `nums` but gathers every GPU that passes the checks
+/// ([`Walk::GatherAll`]; a GPU in MIG mode passes when an instance fits
+/// around `mig_slices`, as in the default walk). Exactly `nums` gathered
+/// are the picks; more are narrowed by the node's pair scores
+/// ([`Node::pair_score`]):
 ///
 /// - one GPU (`computeWorstSingleCard`): the one whose scores to the other
 ///   gathered GPUs sum lowest, leaving the best-linked GPUs to multi-GPU
@@ -372,56 +405,18 @@ fn fit_container_on(
 pub fn fit_topology(
     node: &Node,
     usage: &[GpuUse],
+    mig_slices: &[u32],
     order: &[usize],
     req: &DeviceRequest,
     c: &Constraints,
 ) -> Result<Vec<Pick>, FitFailure> {
-    let cards = node.gpus.len();
+    let gathered = walk(node, usage, mig_slices, order, req, c, Walk::GatherAll)?;
     let nums = usize::try_from(req.nums).unwrap_or(usize::MAX);
-    if nums > cards {
-        return Err(FitFailure::single(Reason::NodeInsufficientDevice, cards));
-    }
-    let mut fail = FitFailure::new(cards);
-    let mut gathered: Vec<Pick> = Vec::with_capacity(cards);
-    let mut prev_numa: Option<u32> = None;
-    let mut room = c.quota;
-    for &pos in order.iter().rev() {
-        let (Some(gpu), Some(used)) = (node.gpus.get(pos), usage.get(pos)) else {
-            continue;
-        };
-        if !gpu.health {
-            fail.add(Reason::CardNotHealth, 1);
-            continue;
-        }
-        if c.numa_bind && prev_numa != Some(gpu.numa) {
-            gathered.clear();
-            room = c.quota;
-            prev_numa = Some(gpu.numa);
-        }
-        match check_gpu(gpu, used, req, c) {
-            Err(r) => fail.add(r, 1),
-            Ok(p) => {
-                if let Some(left) = room.as_mut()
-                    && !left.take(p.usedmem, p.usedcores)
-                {
-                    fail.add(Reason::ResourceQuotaNotFit, 1);
-                    continue;
-                }
-                gathered.push(Pick { gpu: pos, ..p });
-            }
-        }
-    }
-    match gathered.len().cmp(&nums) {
-        std::cmp::Ordering::Equal => Ok(gathered),
-        std::cmp::Ordering::Greater if nums == 1 => Ok(worst_linked(node, &gathered)),
-        std::cmp::Ordering::Greater => Ok(best_linked(node, &gathered, nums)),
-        std::cmp::Ordering::Less => {
-            if !gathered.is_empty() {
-                fail.add(Reason::AllocatedCardsInsufficientRequest, gathered.len());
-            }
-            Err(fail)
-        }
-    }
+    Ok(match gathered.len() {
+        n if n == nums => gathered,
+        _ if nums == 1 => worst_linked(node, &gathered),
+        _ => best_linked(node, &gathered, nums),
+    })
 }
 
 /// The gathered GPU whose scores to the others sum lowest; the first on a

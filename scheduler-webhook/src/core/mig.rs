@@ -324,6 +324,32 @@ mod tests {
     }
 
     #[test]
+    fn topology_aware_checks_mig_placements_as_the_default_walk_does() {
+        let mut c = Cluster::new(vec![mk_mig_node("m", 1)]);
+        for uid in ["a", "b", "c"] {
+            place(&mut c, uid, &[8000]).unwrap();
+        }
+        let node = c.node(0).unwrap();
+        let topology = |mem| {
+            let mut req = ask(&[mem]);
+            req.constraints.topology = true;
+            req
+        };
+        // 10,240 MiB are free, but no 2g placement is.
+        let why = fit_pod(node, &topology(8000), &[0]).unwrap_err();
+        assert_eq!(
+            why.to_string(),
+            format!("1/1 {}", Reason::CardMigTopologyInfeasible.as_str())
+        );
+        // A 1g fits, charged its profile.
+        let picks = fit_pod(node, &topology(3000), &[0]).unwrap();
+        assert_eq!(
+            (picks.app[0][0].usedmem, picks.app[0][0].usedcores),
+            (5120, 14)
+        );
+    }
+
+    #[test]
     fn app_containers_of_one_pod_take_separate_instances() {
         let mut c = Cluster::new(vec![mk_mig_node("m", 1)]);
         let d = place(&mut c, "p", &[20000, 20000]).unwrap();
