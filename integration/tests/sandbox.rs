@@ -117,6 +117,20 @@ async fn the_mig_workload_runs_every_container_on_its_own_mig_instance() {
         .list(&ListParams::default())
         .await
         .expect("pods list");
+    // The scheduler exports every instance the node-daemons created, once
+    // its watch has seen their runtime identity (HAMi v2.10's metric).
+    let series = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("hami_node_gpu_mig_instance_info{"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut exported = series(&cluster.metrics().await.expect("scheduler /metrics"));
+    while exported.len() < 8 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        exported = series(&cluster.metrics().await.expect("scheduler /metrics"));
+    }
     cluster.shutdown().await;
 
     assert!(summary.as_expected(), "{:?}", summary.problems);
@@ -211,4 +225,12 @@ async fn the_mig_workload_runs_every_container_on_its_own_mig_instance() {
     // and app container.
     assert_eq!(containers, 7);
     assert_eq!(seen.len(), 8);
+    assert_eq!(exported.len(), 8, "{exported:#?}");
+    for id in &seen {
+        let label = format!("mig_uuid=\"{id}\"");
+        assert!(
+            exported.iter().any(|l| l.contains(&label)),
+            "{id} not in hami_node_gpu_mig_instance_info: {exported:#?}"
+        );
+    }
 }

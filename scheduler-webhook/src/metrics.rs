@@ -42,6 +42,21 @@ pub struct OverviewLabels {
     device_type: String,
 }
 
+/// Labels of `hami_node_gpu_mig_instance_info` (HAMi v2.10): one series per
+/// MIG instance the device plugin created.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MigInstanceLabels {
+    node: String,
+    device_uuid: String,
+    device_index: String,
+    mig_uuid: String,
+    profile: String,
+    gpu_instance_id: String,
+    compute_instance_id: String,
+    placement_start: String,
+    placement_size: String,
+}
+
 /// Labels of `hami_build_info`, in HAMi's names; `go_version` is empty.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildInfoLabels {
@@ -118,6 +133,7 @@ pub struct Metrics {
     gpu_shared_count: Family<GpuLabels, FloatGauge>,
     node_memory_ratio: Family<GpuLabels, FloatGauge>,
     overview: Family<OverviewLabels, FloatGauge>,
+    mig_instances: Family<MigInstanceLabels, FloatGauge>,
     vgpu_memory: Family<SliceLabels, FloatGauge>,
     vgpu_core: Family<SliceLabels, FloatGauge>,
     quota_used: Family<QuotaUsedLabels, FloatGauge>,
@@ -159,6 +175,7 @@ impl Metrics {
             gpu_shared_count: Family::default(),
             node_memory_ratio: Family::default(),
             overview: Family::default(),
+            mig_instances: Family::default(),
             vgpu_memory: Family::default(),
             vgpu_core: Family::default(),
             quota_used: Family::default(),
@@ -204,6 +221,11 @@ impl Metrics {
             "hami_node_gpu_overview",
             "GPU overview on a certain node: memory allocated, capacity in labels",
             m.overview.clone(),
+        );
+        registry.register(
+            "hami_node_gpu_mig_instance_info",
+            "Realized MIG instance identity and scheduler placement",
+            m.mig_instances.clone(),
         );
         let build_info = Family::<BuildInfoLabels, FloatGauge>::default();
         build_info
@@ -290,6 +312,7 @@ impl Metrics {
             family.clear();
         }
         self.overview.clear();
+        self.mig_instances.clear();
         self.vgpu_memory.clear();
         self.vgpu_core.clear();
         #[allow(clippy::cast_precision_loss)] // MiB and percent counts are far below 2^52
@@ -347,6 +370,28 @@ impl Metrics {
             self.vgpu_core
                 .get_or_create(&labels)
                 .set(f64::from(s.cores) / 100.0);
+            if let Some((mig, runtime)) =
+                s.mig.as_ref().and_then(|m| Some((m, m.runtime.as_ref()?)))
+            {
+                let device_index = gpus
+                    .iter()
+                    .find(|g| g.node == s.node && g.uuid == s.uuid)
+                    .map(|g| g.index.to_string())
+                    .unwrap_or_default();
+                self.mig_instances
+                    .get_or_create(&MigInstanceLabels {
+                        node: s.node.clone(),
+                        device_uuid: s.uuid.clone(),
+                        device_index,
+                        mig_uuid: runtime.mig_uuid.clone(),
+                        profile: mig.profile.clone(),
+                        gpu_instance_id: runtime.gpu_instance_id.to_string(),
+                        compute_instance_id: runtime.compute_instance_id.to_string(),
+                        placement_start: mig.placement.start.to_string(),
+                        placement_size: mig.placement.size.to_string(),
+                    })
+                    .set(1.0);
+            }
         }
     }
 
@@ -418,14 +463,40 @@ mod tests {
             uuid: "GPU-a".into(),
             memory_mib: 250,
             cores: 30,
+            mig: None,
         };
-        m.refresh(&[gpu], &[slice]);
+        let mig = SliceSnapshot {
+            container_index: 0,
+            memory_mib: 10240,
+            cores: 28,
+            mig: Some(proto::hami::mig::MigAllocation {
+                container_index: 0,
+                device_index: 0,
+                gpu_uuid: "GPU-a".into(),
+                profile: "2g.10gb".into(),
+                placement: proto::hami::mig::MigPlacement { start: 2, size: 2 },
+                runtime: Some(proto::hami::mig::MigRuntime {
+                    mig_uuid: "MIG-x".into(),
+                    gpu_instance_id: 4,
+                    compute_instance_id: 0,
+                }),
+            }),
+            ..slice.clone()
+        };
+        m.refresh(&[gpu], &[slice, mig]);
         Metrics::count(&m.filter_results, "placed");
         let text = m.encode();
         assert!(text.contains(r#"hami_gpu_memory_allocated_bytes{node="n1",device_uuid="GPU-a",device_index="0",device_type="NVIDIA-Tesla T4"} 262144000.0"#), "{text}");
         assert!(text.contains(r#"hami_node_gpu_memory_allocated_ratio{node="n1",device_uuid="GPU-a",device_index="0",device_type="NVIDIA-Tesla T4"} 0.25"#), "{text}");
         assert!(text.contains(r#"hami_vgpu_core_allocated_ratio{namespace="ns",node="n1",pod="p",container_index="1",device_uuid="GPU-a"} 0.3"#), "{text}");
         assert!(text.contains(r#"hami_node_gpu_overview{node="n1",device_uuid="GPU-a",device_index="0",device_cores="100",device_memory_limit="1000",device_type="NVIDIA-Tesla T4"} 262144000.0"#), "{text}");
+        // One series per created MIG instance, none for a plain slice.
+        assert!(text.contains(r#"hami_node_gpu_mig_instance_info{node="n1",device_uuid="GPU-a",device_index="0",mig_uuid="MIG-x",profile="2g.10gb",gpu_instance_id="4",compute_instance_id="0",placement_start="2",placement_size="2"} 1.0"#), "{text}");
+        assert_eq!(
+            text.matches("hami_node_gpu_mig_instance_info{").count(),
+            1,
+            "{text}"
+        );
         let build = format!(
             r#"hami_build_info{{version="{}",revision="#,
             env!("CARGO_PKG_VERSION")

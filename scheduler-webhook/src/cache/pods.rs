@@ -216,6 +216,9 @@ pub struct SliceSnapshot {
     pub memory_mib: u64,
     /// Cores, percent.
     pub cores: u32,
+    /// The MIG instance the slice is, once the device plugin created it
+    /// (its `hami.io/vgpu-mig-allocations` entry with the runtime identity).
+    pub mig: Option<MigAllocation>,
 }
 
 /// The records and the sums over them.
@@ -470,7 +473,16 @@ impl PodBook {
                 continue;
             };
             for (i, container) in allocation.devices.0.iter().enumerate() {
-                for device in container {
+                for (d, device) in container.iter().enumerate() {
+                    let mig = allocation
+                        .mig
+                        .iter()
+                        .find(|m| {
+                            m.runtime.is_some()
+                                && usize::try_from(m.container_index).is_ok_and(|c| c == i)
+                                && usize::try_from(m.device_index).is_ok_and(|x| x == d)
+                        })
+                        .cloned();
                     out.push(SliceSnapshot {
                         namespace: record.namespace.clone(),
                         pod: record.name.clone(),
@@ -479,6 +491,7 @@ impl PodBook {
                         uuid: device.uuid.clone(),
                         memory_mib: u64::try_from(device.usedmem).unwrap_or(0),
                         cores: u32::try_from(device.usedcores).unwrap_or(0),
+                        mig,
                     });
                 }
             }

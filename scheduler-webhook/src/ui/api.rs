@@ -411,6 +411,7 @@ mod tests {
             uuid: gpu(node, index, 0).uuid,
             memory_mib: 4000,
             cores: 10,
+            mig: None,
         }
     }
 
