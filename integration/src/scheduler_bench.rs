@@ -100,7 +100,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             nodes: 1000,
-            pods: 2000,
+            pods: 1000,
             gpus_per_node: 8,
             scheduler_qps: 5000,
             deadline: Duration::from_secs(1800),

@@ -59,7 +59,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     nodes: Vec<usize>,
     /// Pods per run of `kube-scheduler`, created as fast as the API server accepts them.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 1000)]
     pods: usize,
     /// GPUs per node of `kube-scheduler` (allocatable nvidia.com/gpu: this for (a), × 10 slices for (b) and (c)).
     #[arg(long, default_value_t = 8)]
