@@ -182,7 +182,7 @@ fn start_err(component: impl Into<String>, reason: impl std::fmt::Display) -> Cl
 
 /// A service running on its own thread, stopped through a oneshot: `stop`
 /// lets it drain, `kill` drops it where it stands.
-struct Service {
+pub(crate) struct Service {
     stop: Option<oneshot::Sender<()>>,
     kill: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<Result<(), String>>>,
@@ -356,7 +356,7 @@ fn write_certificate(dir: &Path) -> Result<(PathBuf, PathBuf), ClusterError> {
 
 /// This machine's identity as kube-scheduler forms it (its hostname, before
 /// the `_<uuid>` it appends to the Lease holder).
-fn host_identity() -> String {
+pub(crate) fn host_identity() -> String {
     crate::fake_scheduler::config::identity()
         .split('_')
         .next()
@@ -364,12 +364,13 @@ fn host_identity() -> String {
         .to_owned()
 }
 
-fn start_scheduler_webhook(
+pub(crate) fn start_scheduler_webhook(
     spec: &ClusterSpec,
     identity: &str,
     kubeconfig: &Path,
     tls: &(PathBuf, PathBuf),
     listen: Option<SocketAddr>,
+    lease_namespace: Option<&str>,
 ) -> Result<(Service, SocketAddr, SocketAddr), ClusterError> {
     use scheduler_webhook::serve::{Listeners, run_on};
     use scheduler_webhook::settings::Settings;
@@ -386,6 +387,8 @@ fn start_scheduler_webhook(
         gpu_scheduler_policy: (spec.gpu_policy.parse())
             .map_err(|e| start_err("scheduler-webhook", e))?,
         identity: Some(identity.to_owned()),
+        lease_namespace: lease_namespace
+            .map_or_else(|| Settings::default().lease_namespace, ToOwned::to_owned),
         ..Settings::default()
     };
     settings
@@ -718,7 +721,7 @@ impl Cluster {
         let tls = write_certificate(dir.path())?;
 
         let (scheduler, api_addr, metrics_addr) =
-            start_scheduler_webhook(&spec, &host_identity(), &kubeconfig, &tls, None)?;
+            start_scheduler_webhook(&spec, &host_identity(), &kubeconfig, &tls, None, None)?;
         let webhook_url = format!("https://{api_addr}");
         // kube-apiserver calls our webhook on every pod CREATE, trusting our CA,
         // as the chart's MutatingWebhookConfiguration (failurePolicy Fail) says.
@@ -808,6 +811,7 @@ impl Cluster {
             &installed.scheduler_kubeconfig,
             &installed.tls,
             Some(webhook_addr),
+            None,
         )?;
         // kube-scheduler runs in the scheduler pod beside scheduler-webhook,
         // as the same ServiceAccount, with the chart's configuration.
@@ -1105,6 +1109,7 @@ impl Cluster {
             &self.webhook_kubeconfig,
             &self.tls,
             None,
+            None,
         )?;
         let first = self.webhook_url.trim_start_matches("https://");
         let config = config.replace(&format!("https://{first}"), &format!("https://{api_addr}"));
@@ -1191,6 +1196,7 @@ impl Cluster {
             &kubeconfig,
             &self.tls,
             Some(addr),
+            None,
         )?;
         self.scheduler = service;
         self.metrics_url = format!("http://{metrics}/metrics");

@@ -12,4 +12,5 @@ pub mod fake_scheduler;
 pub mod harness;
 pub mod real;
 pub mod sandbox;
+pub mod scheduler_bench;
 pub mod workload;

@@ -350,3 +350,56 @@ async fn ha_the_second_scheduler_takes_over_when_the_leader_dies() {
     assert!(report.is_clean(), "{report:#?}");
     cluster.shutdown().await;
 }
+
+/// `bench --only kube-scheduler`'s code path at a small size: 20 Node
+/// objects, 40 pods per run, the three runs on fresh real control planes.
+/// Behaviour only: every pod bound (the slice pods by our extender and
+/// `bind-phase=success` after the device plugin's part), no node left
+/// locked, the JSON has the keys, and every figure is above 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kube_scheduler_bench_binds_every_pod_and_leaves_no_node_locked() {
+    use integration::scheduler_bench::{Config, Run, run};
+    if Binaries::for_test("kube_scheduler_bench").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        nodes: 20,
+        pods: 40,
+        deadline: Duration::from_secs(300),
+        ..Config::default()
+    };
+    let report = run(&config, &Run::ALL, dir.path()).await.unwrap();
+    assert_eq!(report.runs.len(), 3);
+    for r in &report.runs {
+        let name = r.run.as_str();
+        assert_eq!(r.bound, 40, "{name}: every pod bound");
+        assert_eq!(r.locked_nodes, 0, "{name}: no node left locked");
+        assert_eq!(r.not_allocated, 0, "{name}: every slice pod allocated");
+        assert!(r.pods_per_s() > 0.0, "{name}: {r:?}");
+        assert!(
+            r.attempts >= 40.0,
+            "{name}: kube-scheduler counted its attempts: {r:?}"
+        );
+        assert!(r.attempt_p99_ms > 0.0, "{name}: {r:?}");
+        assert_eq!(r.filter_ms.is_some(), r.run != Run::Baseline, "{name}");
+    }
+    let json = report.to_json();
+    assert_eq!(json["nodes"], 20);
+    for key in [
+        "baseline_pods_per_s",
+        "binpack_pods_per_s",
+        "fgd_pods_per_s",
+        "filter_p99_ms",
+    ] {
+        assert!(
+            json[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key} in {json}"
+        );
+    }
+    let table = report.to_markdown();
+    assert!(
+        table.contains("(b) / (a)") && table.contains("(c) / (a)"),
+        "{table}"
+    );
+}

@@ -15,6 +15,13 @@
 //!   and deleted for `--chaos-minutes` on `--chaos-nodes` nodes while seeded
 //!   faults land; prints its report and fails when a must-be-0 figure
 //!   (over-commits, mismatched containers, stuck or lost pods) is not 0.
+//! - `kube-scheduler`: the real kube-scheduler on the real control plane
+//!   ([`integration::scheduler_bench`]): `--nodes` N Node objects, `--pods`
+//!   M pods per run, pods/s create → bound and kube-scheduler's own
+//!   scheduling-attempt p50/p99, side by side for (a) whole-GPU pods without
+//!   the extender, (b) slice pods through gpuslice (binpack), (c) the same
+//!   with fgd; prints the ratios (b)/(a) and (c)/(a). `--format json` prints
+//!   one JSON object per node count instead of the table.
 //!
 //! Figures, not assertions: run with `--release`.
 
@@ -45,9 +52,27 @@ struct Args {
     /// Run every benchmark at full size (throughput on 100 nodes, extender at 1,500 and 5,000 nodes).
     #[arg(long)]
     all: bool,
-    /// Benchmarks to run: burst, throughput, steady, extender, chaos.
+    /// Benchmarks to run: burst, throughput, steady, extender, chaos, kube-scheduler.
     #[arg(long, value_delimiter = ',', default_value = "burst,steady")]
     only: Vec<String>,
+    /// Node counts for `kube-scheduler` (each size runs (a), (b) and (c) on fresh real control planes).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    nodes: Vec<usize>,
+    /// Pods per run of `kube-scheduler`, created as fast as the API server accepts them.
+    #[arg(long, default_value_t = 1000)]
+    pods: usize,
+    /// GPUs per node of `kube-scheduler` (allocatable nvidia.com/gpu: this for (a), × 10 slices for (b) and (c)).
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    /// kube-scheduler's clientConnection qps and burst in every `kube-scheduler` run (its default, 50,
+    /// would cap (a)'s own bindings; (b) and (c) bind through the extender's client).
+    #[arg(long, default_value_t = 5000)]
+    scheduler_qps: u32,
+    /// Output of `kube-scheduler`: `table` (Markdown) or `json` (one object per node count:
+    /// {"nodes", "baseline_pods_per_s", "binpack_pods_per_s", "fgd_pods_per_s", "filter_p99_ms", …};
+    /// filter_p99_ms is the service's own filter histogram in (b)). `json` runs only `kube-scheduler`.
+    #[arg(long, default_value = "table", value_parser = ["table", "json"])]
+    format: String,
     /// Nodes for `throughput`.
     #[arg(long, default_value_t = 20)]
     throughput_nodes: usize,
@@ -101,6 +126,10 @@ async fn main() -> anyhow::Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut sections: Vec<String> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
+    let json = args.format == "json";
+    if json && args.only.iter().any(|o| o != "kube-scheduler") {
+        anyhow::bail!("--format json applies to --only kube-scheduler alone");
+    }
     for which in args.only.clone() {
         eprintln!("running {which} …");
         match which.as_str() {
@@ -119,9 +148,19 @@ async fn main() -> anyhow::Result<()> {
                 failed.extend(report.failures().into_iter().map(|f| format!("chaos: {f}")));
                 sections.push(report.to_markdown());
             }
+            "kube-scheduler" => {
+                for report in kube_scheduler(&args).await? {
+                    failed.extend(kube_scheduler_failures(&report));
+                    if json {
+                        println!("{}", report.to_json());
+                    } else {
+                        sections.push(report.to_markdown());
+                    }
+                }
+            }
             other => {
                 anyhow::bail!(
-                    "unknown benchmark {other:?} (burst, throughput, steady, extender, chaos)"
+                    "unknown benchmark {other:?} (burst, throughput, steady, extender, chaos, kube-scheduler)"
                 )
             }
         }
@@ -135,11 +174,72 @@ async fn main() -> anyhow::Result<()> {
     for section in sections {
         println!("\n{section}");
     }
-    println!("\nmachine: {} cores, {}", cores(), os());
+    if !json {
+        println!("\nmachine: {} cores, {}", cores(), os());
+    }
     if !failed.is_empty() {
         anyhow::bail!("must-be-0 figures are not 0: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// `kube-scheduler` at every `--nodes` size, each size's three runs in a
+/// folder kept with `GPUSLICE_KEEP_CLUSTER_DIR=1` (every process's log).
+async fn kube_scheduler(args: &Args) -> anyhow::Result<Vec<integration::scheduler_bench::Report>> {
+    use integration::scheduler_bench::{Config, Run, run};
+    let keep = std::env::var_os("GPUSLICE_KEEP_CLUSTER_DIR").is_some();
+    let dir = tempfile::Builder::new()
+        .prefix("gpuslice-ksbench-")
+        .disable_cleanup(keep)
+        .tempdir()?;
+    if keep {
+        eprintln!("  folder (kept): {}", dir.path().display());
+    }
+    let mut reports = Vec::new();
+    for &nodes in &args.nodes {
+        let config = Config {
+            nodes,
+            pods: args.pods,
+            gpus_per_node: args.gpus_per_node,
+            scheduler_qps: args.scheduler_qps,
+            ..Config::default()
+        };
+        let started = Instant::now();
+        let report = run(&config, &Run::ALL, dir.path()).await?;
+        eprintln!(
+            "  kube-scheduler at {nodes} nodes: {:.0} s in all",
+            started.elapsed().as_secs_f64()
+        );
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+/// What must hold after a `kube-scheduler` run: every pod bound, no node
+/// left locked, every slice pod allocated.
+fn kube_scheduler_failures(report: &integration::scheduler_bench::Report) -> Vec<String> {
+    report
+        .runs
+        .iter()
+        .flat_map(|r| {
+            let name = format!(
+                "kube-scheduler {} at {} nodes",
+                r.run.as_str(),
+                report.nodes
+            );
+            let mut out = Vec::new();
+            if r.bound != r.pods {
+                out.push(format!("{name}: {}/{} pods bound", r.bound, r.pods));
+            }
+            if r.locked_nodes != 0 {
+                out.push(format!("{name}: {} nodes left locked", r.locked_nodes));
+            }
+            if r.not_allocated != 0 {
+                out.push(format!("{name}: {} pods not allocated", r.not_allocated));
+            }
+            out
+        })
+        .collect()
 }
 
 /// The chaos soak on the fake (or real) control plane.

@@ -167,6 +167,26 @@ pub enum Credentials {
     Token(String),
 }
 
+/// What [`ControlPlane::start_with`] runs besides etcd and kube-apiserver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Run kube-controller-manager's node lifecycle controller. Without a
+    /// kubelet posting heartbeats it marks every Node `Unknown` after its
+    /// grace period and taints it `node.kubernetes.io/unreachable`, so
+    /// Node objects created directly through the API (the scheduler
+    /// benchmark's) need it off, as kube-scheduler's own scheduler_perf runs
+    /// without it.
+    pub node_lifecycle: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            node_lifecycle: true,
+        }
+    }
+}
+
 /// A running control plane.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -180,6 +200,8 @@ pub struct ControlPlane {
     pub admin_kubeconfig: PathBuf,
     /// The kube-schedulers started so far (index = start order).
     pub schedulers: Vec<Process>,
+    /// Their secure ports on 127.0.0.1 (same index).
+    scheduler_ports: Vec<u16>,
     dir: PathBuf,
     controller_manager: Option<Process>,
     apiserver: Process,
@@ -194,6 +216,18 @@ impl ControlPlane {
     /// # Errors
     /// A component did not start; the message quotes its log.
     pub async fn start(binaries: Binaries, dir: &Path) -> Result<Self, String> {
+        Self::start_with(binaries, dir, &Options::default()).await
+    }
+
+    /// [`ControlPlane::start`] with `options`.
+    ///
+    /// # Errors
+    /// A component did not start; the message quotes its log.
+    pub async fn start_with(
+        binaries: Binaries,
+        dir: &Path,
+        options: &Options,
+    ) -> Result<Self, String> {
         let io = |e: std::io::Error| e.to_string();
         let pki = Pki::generate(&dir.join("pki")).map_err(io)?;
         let (client_port, peer_port, api_port) = (
@@ -267,6 +301,7 @@ impl ControlPlane {
             server,
             admin_kubeconfig,
             schedulers: Vec::new(),
+            scheduler_ports: Vec::new(),
             dir: dir.to_owned(),
             controller_manager: None,
             apiserver,
@@ -305,7 +340,11 @@ impl ControlPlane {
                 ),
                 format!("--root-ca-file={}", p(&plane.pki.ca)),
                 "--use-service-account-credentials=true".into(),
-                "--controllers=*".into(),
+                if options.node_lifecycle {
+                    "--controllers=*".into()
+                } else {
+                    "--controllers=*,-node-lifecycle-controller".into()
+                },
                 "--leader-elect=false".into(),
                 format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
                 "--profiling=false".into(),
@@ -481,6 +520,23 @@ impl ControlPlane {
         kubeconfig: &Path,
         hostname: Option<&str>,
     ) -> Result<usize, String> {
+        self.start_scheduler_with(config, kubeconfig, hostname, &[])
+    }
+
+    /// [`ControlPlane::start_scheduler`] with `extra_args` appended to its
+    /// command line (e.g. `--authorization-always-allow-paths` with
+    /// `/metrics`, so [`ControlPlane::scheduler_metrics_url`] can be
+    /// scraped without credentials).
+    ///
+    /// # Errors
+    /// It could not be started.
+    pub fn start_scheduler_with(
+        &mut self,
+        config: &str,
+        kubeconfig: &Path,
+        hostname: Option<&str>,
+        extra_args: &[String],
+    ) -> Result<usize, String> {
         let i = self.schedulers.len();
         let config_path = self.dir.join(format!("kube-scheduler-{i}.yaml"));
         // With --config, kube-scheduler ignores --kubeconfig and reads
@@ -505,6 +561,7 @@ impl ControlPlane {
             std::env::var("GPUSLICE_KUBE_SCHEDULER_V")
                 .map_or_else(|_| "--v=2".into(), |v| format!("--v={v}")),
         ];
+        args.extend_from_slice(extra_args);
         let program = match hostname {
             None => binary,
             Some(name) => {
@@ -525,7 +582,18 @@ impl ControlPlane {
         };
         let process = Process::spawn(&format!("kube-scheduler-{i}"), &program, &args, &self.dir)?;
         self.schedulers.push(process);
+        self.scheduler_ports.push(port);
         Ok(i)
+    }
+
+    /// `https://127.0.0.1:PORT/metrics` of kube-scheduler `i` (secure
+    /// serving, a self-signed certificate; anonymous access needs `/metrics`
+    /// in `--authorization-always-allow-paths`).
+    #[must_use]
+    pub fn scheduler_metrics_url(&self, i: usize) -> Option<String> {
+        self.scheduler_ports
+            .get(i)
+            .map(|port| format!("https://127.0.0.1:{port}/metrics"))
     }
 
     /// The end of every process's log, for a failing test's message.
