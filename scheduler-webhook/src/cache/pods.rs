@@ -525,7 +525,7 @@ impl PodBook {
     }
 
     /// The fragmentation index, up to date with `cluster`.
-    pub fn fgd_index(&mut self, cluster: &Cluster) -> &FgdIndex {
+    pub fn fgd_index(&mut self, cluster: &Cluster) -> &mut FgdIndex {
         self.fragmentation.index(cluster)
     }
 
