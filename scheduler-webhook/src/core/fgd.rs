@@ -20,9 +20,15 @@
 //!
 //! This module owns the shape distribution (updated one pod at a time) and
 //! the [`FgdIndex`]: per-node fragmentation, kept current by refreshing only
-//! the node a placement touched. Shapes are grouped by their GPU part, so
-//! evaluating a candidate costs one pass over the shapes for CPU/memory and
-//! one pass over the GPU groups.
+//! the node a placement touched. Shapes are grouped by their GPU part. Per
+//! node the index keeps each GPU's free share and, per group, how many GPUs
+//! can host it and the idle share of the others, so scoring a placement on
+//! one GPU is one pass over the groups (not one per GPU per group); the
+//! CPU/memory weights are recomputed only when the pod leaves less than a
+//! fitting shape needs. The index also remembers each node's outcome for
+//! the last few requests (`FgdIndex::memo`), valid while the node keeps
+//! its [`Cluster::generation`], so a decision evaluates only the nodes that
+//! changed since the same request last ran.
 
 use std::collections::BTreeMap;
 
@@ -413,7 +419,7 @@ impl MemoEntry {
 
 /// Per-node fragmentation for a shape distribution, refreshed node by node,
 /// with the per-node outcomes of the last few requests (see
-/// [`FgdIndex::memo`]).
+/// `FgdIndex::memo`).
 #[derive(Debug, Clone)]
 pub struct FgdIndex {
     params: FgdParams,
