@@ -772,7 +772,8 @@ impl FgdIndex {
             }
             _ => &state.weights,
         };
-        let mut best: Option<(f64, usize, u64, u32, u32)> = None;
+        // (fragmentation after, GPU, memory, cores, free share left, score).
+        let mut best: Option<(f64, usize, u64, u32, u32, f64)> = None;
         tried.clear();
         for (pos, (g, u)) in node.gpus.iter().zip(&node.usage).enumerate() {
             let Ok(p) = check_gpu(g, u, &r, &req.constraints) else {
@@ -785,12 +786,14 @@ impl FgdIndex {
             {
                 continue;
             }
+            // The type string last: the one comparison that reads memory
+            // away from the GPU.
             let same = tried.iter().any(|&t| {
                 node.usage[t] == *u
-                    && node.gpus[t].device_type == g.device_type
                     && node.gpus[t].devmem == g.devmem
                     && node.gpus[t].devcore == g.devcore
                     && node.gpus[t].count == g.count
+                    && node.gpus[t].device_type == g.device_type
             });
             if same {
                 continue;
@@ -805,18 +808,22 @@ impl FgdIndex {
             let f = self.frag_with_one_changed(state, weights, pos, state.free[pos], after_gpu);
             // Equal growth: the GPU left with the least free share wins.
             let left = after_gpu.idle;
+            // The best's score is kept, not computed again per GPU.
+            let score = if self.params.gpu_by_score {
+                self.score_of_growth(f - before)
+            } else {
+                0.0
+            };
             let better = if self.params.gpu_by_score {
-                best.is_none_or(|b| {
-                    self.score_of_growth(f - before) > self.score_of_growth(b.0 - before)
-                })
+                best.is_none_or(|b| score > b.5)
             } else {
                 best.is_none_or(|b| f < b.0 - 1e-9 || (f <= b.0 + 1e-9 && left < b.4))
             };
             if better {
-                best = Some((f, pos, p.usedmem, p.usedcores, left));
+                best = Some((f, pos, p.usedmem, p.usedcores, left, score));
             }
         }
-        let Some((f, pos, usedmem, usedcores, _)) = best else {
+        let Some((f, pos, usedmem, usedcores, _, _)) = best else {
             // Nothing fits: let fit explain why.
             fallback(order);
             let err = fit_container(node, &node.usage, order, &r, &req.constraints)
