@@ -111,7 +111,7 @@ impl Fragmentation {
 
     /// The index, brought up to date with `cluster` and the workload (see
     /// the module doc for when that is a rebuild).
-    pub fn index(&mut self, cluster: &Cluster) -> &FgdIndex {
+    pub fn index(&mut self, cluster: &Cluster) -> &mut FgdIndex {
         let stale = self.unknown_shape
             || self.churn.saturating_mul(REBUILD_CHURN_DIVISOR) >= self.built_total.max(1);
         match &mut self.index {
@@ -148,7 +148,10 @@ impl Fragmentation {
 mod tests {
     use super::*;
     use crate::core::model::testutil::mk_node;
+    use crate::core::policy::{Policy, SchedulerConfig, schedule};
+    use crate::core::request::{DeviceRequest, MemoryRequest, PodRequest};
     use crate::core::reservation::HostResources;
+    use crate::core::rng::SplitMix64;
     use proto::hami::pod_devices::PodDevices;
 
     fn share(milli: u32) -> Shape {
@@ -247,5 +250,82 @@ mod tests {
         let mut f = Fragmentation::default();
         f.node_changed(5);
         assert!(f.dirty.is_empty() && f.is_dirty.is_empty());
+    }
+
+    proptest::proptest! {
+        /// Through any sequence of shapes counted and uncounted and nodes
+        /// reserved and released (each change marked as the pod book marks
+        /// it), the live index scores every node as an index built afresh
+        /// from the workload it was last built on, and FGD decides with it
+        /// exactly as with that fresh index.
+        #[test]
+        fn the_live_index_equals_a_fresh_one_on_the_workload_it_was_built_on(
+            steps in proptest::collection::vec(
+                (0u8..5, 0usize..3, 1u32..10, 1u64..600, 1u32..60, 0usize..40), 1..60),
+            seed in 0u64..1000,
+        ) {
+            let mut c = Cluster::new(vec![
+                mk_node("a", 2, 4, 1000),
+                mk_node("b", 3, 10, 800),
+                mk_node("c", 1, 10, 1000),
+            ]);
+            let mut f = Fragmentation::default();
+            let mut counted: Vec<Shape> = Vec::new();
+            let mut held: Vec<(String, NodeId)> = Vec::new();
+            let mut built = ShapeDistribution::default();
+            let cfg = SchedulerConfig { node_policy: Policy::Fgd, ..SchedulerConfig::default() };
+            let mut rng = SplitMix64::new(seed);
+            f.count(share(500));
+            counted.push(share(500));
+            for (k, (op, node, tenths, mem, cores, pick)) in steps.into_iter().enumerate() {
+                match op {
+                    0 => {
+                        let s = share(tenths * 100);
+                        f.count(s.clone());
+                        counted.push(s);
+                    }
+                    1 if counted.len() > 1 => {
+                        let s = counted.remove(pick % counted.len());
+                        f.uncount(&s);
+                    }
+                    2 | 3 => {
+                        let devices: PodDevices =
+                            format!("GPU-{}-0,NVIDIA,{mem},{cores}:;", ["a", "b", "c"][node]).parse().unwrap();
+                        let uid = format!("p{k}");
+                        if c.reserve(&uid, node, &devices, 0, HostResources::default()).is_ok() {
+                            held.push((uid, node));
+                            f.node_changed(node);
+                        }
+                    }
+                    _ if !held.is_empty() => {
+                        let (uid, node) = held.remove(pick % held.len());
+                        c.release(&uid);
+                        f.node_changed(node);
+                    }
+                    _ => {}
+                }
+                let rebuilds = f.rebuilds();
+                f.index(&c);
+                if f.rebuilds() != rebuilds {
+                    built = f.workload().clone();
+                }
+                let mut fresh = FgdIndex::new(&built, &c);
+                let live = f.index(&c);
+                for id in 0..c.nodes().len() {
+                    proptest::prop_assert_eq!(
+                        live.node_fragmentation(id).to_bits(),
+                        fresh.node_fragmentation(id).to_bits()
+                    );
+                }
+                let req = PodRequest {
+                    app: vec![Some(DeviceRequest { nums: 1, memory: MemoryRequest::Mib(mem / 2), cores: cores / 2 })],
+                    ..PodRequest::default()
+                };
+                let mut r2 = rng.clone();
+                let warm = schedule(&c, &req, 0..3, &cfg, Some(live), &mut rng);
+                let cold = schedule(&c, &req, 0..3, &cfg, Some(&mut fresh), &mut r2);
+                proptest::prop_assert_eq!(warm, cold);
+            }
+        }
     }
 }

@@ -29,6 +29,7 @@
 //! step.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use proto::hami::mig::MigAllocation;
 use proto::hami::pod_devices::PodDevices;
@@ -94,14 +95,16 @@ pub struct PodRecord {
     /// Name.
     pub name: String,
     /// The shape counted for it in the workload; `None`: not counted.
-    shape: Option<Shape>,
+    /// Shared with every record of the same shape (see [`PodBook`]).
+    shape: Option<Arc<Shape>>,
     /// What its namespace's quota use counts for it.
     charge: QuotaUse,
     stage: Stage,
     /// The book's filter count at its last filter (0: never filtered here).
     filtered: u64,
-    /// Why its last filter found no node, while it holds nothing.
-    refusal: Option<Refusal>,
+    /// Why its last filter found no node, while it holds nothing (boxed:
+    /// rare, and the record is stored inline in a map of every pod).
+    refusal: Option<Box<Refusal>>,
 }
 
 impl PodRecord {
@@ -114,7 +117,7 @@ impl PodRecord {
     /// The shape counted for it in the workload.
     #[must_use]
     pub fn shape(&self) -> Option<&Shape> {
-        self.shape.as_ref()
+        self.shape.as_deref()
     }
 
     /// What its namespace's quota is charged for it.
@@ -126,7 +129,7 @@ impl PodRecord {
     /// Why its last filter found no node (`None` once it holds slices).
     #[must_use]
     pub fn refusal(&self) -> Option<&Refusal> {
-        self.refusal.as_ref()
+        self.refusal.as_deref()
     }
 
     /// Counts nothing, holds nothing, is charged nothing: not worth keeping.
@@ -230,6 +233,10 @@ pub struct PodBook {
     unplaced: HashSet<String>,
     quotas: QuotaBook,
     fragmentation: Fragmentation,
+    /// One copy of each shape a record holds: 80,000 pods share a few
+    /// shapes, and a pointer keeps each record (stored inline in
+    /// `records`) 40 bytes smaller.
+    shapes: HashSet<Arc<Shape>>,
     /// Filters so far: each record remembers the count at its last filter.
     filters: u64,
 }
@@ -243,6 +250,7 @@ impl PodBook {
             unplaced: HashSet::new(),
             quotas: QuotaBook::new(memory_factor),
             fragmentation: Fragmentation::default(),
+            shapes: HashSet::new(),
             filters: 0,
         }
     }
@@ -390,7 +398,7 @@ impl PodBook {
         if let Some(record) = self.records.remove(uid)
             && let Some(shape) = record.shape
         {
-            self.fragmentation.uncount(&shape);
+            self.uncount_shape(shape);
         }
         self.unplaced.remove(uid);
     }
@@ -400,7 +408,7 @@ impl PodBook {
     /// a pod created after the list is counted again at its next filter).
     pub fn forget_shape(&mut self, uid: &str) {
         if let Some(shape) = self.records.get_mut(uid).and_then(|r| r.shape.take()) {
-            self.fragmentation.uncount(&shape);
+            self.uncount_shape(shape);
         }
         self.tidy(uid);
     }
@@ -442,7 +450,7 @@ impl PodBook {
     /// Pods that hold nothing and whose last filter found no node, with why.
     pub fn refused(&self) -> impl Iterator<Item = (&str, &PodRecord, &Refusal)> {
         self.records.iter().filter_map(|(uid, r)| {
-            let refusal = r.refusal.as_ref()?;
+            let refusal = r.refusal.as_deref()?;
             (r.stage == Stage::Demand).then_some((uid.as_str(), r, refusal))
         })
     }
@@ -452,7 +460,7 @@ impl PodBook {
     pub fn refuse(&mut self, uid: &str, failed: &BTreeMap<String, String>) {
         let at = self.filters;
         if let Some(record) = self.records.get_mut(uid) {
-            record.refusal = Some(Refusal::of(failed, at));
+            record.refusal = Some(Box::new(Refusal::of(failed, at)));
         }
     }
 
@@ -545,7 +553,7 @@ impl PodBook {
     }
 
     /// The fragmentation index, up to date with `cluster`.
-    pub fn fgd_index(&mut self, cluster: &Cluster) -> &FgdIndex {
+    pub fn fgd_index(&mut self, cluster: &Cluster) -> &mut FgdIndex {
         self.fragmentation.index(cluster)
     }
 
@@ -581,7 +589,7 @@ impl PodBook {
             entry.memory_mib += record.charge.memory_mib;
             entry.cores += record.charge.cores;
             if let Some(shape) = &record.shape {
-                workload.observe(shape.clone());
+                workload.observe(Shape::clone(shape));
             }
             if record.stage.holds() != cluster.pod_usage(uid).is_some() {
                 return Err(format!(
@@ -625,6 +633,13 @@ impl PodBook {
         if workload != *self.fragmentation.workload() {
             return Err("the workload differs from the records' shapes".to_owned());
         }
+        if self.shapes.len() != workload.len() {
+            return Err(format!(
+                "{} shapes kept for {} distinct shapes counted",
+                self.shapes.len(),
+                workload.len()
+            ));
+        }
         Ok(())
     }
 
@@ -648,13 +663,32 @@ impl PodBook {
         let Some(record) = self.records.get_mut(uid) else {
             return;
         };
-        if record.shape.as_ref() == Some(&shape) {
+        if record.shape.as_deref() == Some(&shape) {
             return;
         }
-        if let Some(old) = record.shape.replace(shape.clone()) {
-            self.fragmentation.uncount(&old);
+        let shared = match self.shapes.get(&shape) {
+            Some(s) => Arc::clone(s),
+            None => {
+                let s = Arc::new(shape.clone());
+                self.shapes.insert(Arc::clone(&s));
+                s
+            }
+        };
+        let old = record.shape.replace(shared);
+        if let Some(old) = old {
+            self.uncount_shape(old);
         }
         self.fragmentation.count(shape);
+    }
+
+    /// Stops counting a shape a record held, and forgets it once no record
+    /// holds it.
+    fn uncount_shape(&mut self, shape: Arc<Shape>) {
+        self.fragmentation.uncount(&shape);
+        // Held by the pool and by `shape` alone: no record left.
+        if Arc::strong_count(&shape) <= 2 {
+            self.shapes.remove(&*shape);
+        }
     }
 
     fn set_charge(&mut self, uid: &str, charge: QuotaUse) {

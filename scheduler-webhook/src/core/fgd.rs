@@ -20,17 +20,24 @@
 //!
 //! This module owns the shape distribution (updated one pod at a time) and
 //! the [`FgdIndex`]: per-node fragmentation, kept current by refreshing only
-//! the node a placement touched. Shapes are grouped by their GPU part, so
-//! evaluating a candidate costs one pass over the shapes for CPU/memory and
-//! one pass over the GPU groups.
+//! the node a placement touched. Shapes are grouped by their GPU part. Per
+//! node the index keeps each GPU's free share and, per group, how many GPUs
+//! can host it and the idle share of the others, so scoring a placement on
+//! one GPU is one pass over the groups (not one per GPU per group); the
+//! CPU/memory weights are recomputed only when the pod leaves less than a
+//! fitting shape needs. The index also remembers each node's outcome for
+//! the last few requests (`FgdIndex::memo`), valid while the node keeps
+//! its [`Cluster::generation`], so a decision evaluates only the nodes that
+//! changed since the same request last ran.
 
 use std::collections::BTreeMap;
 
 use crate::core::fit::{
-    FitFailure, PodPicks, Reason, apply_picks, check_gpu, fit_container, fit_pod,
+    FitFailure, Pick, PodPicks, Reason, apply_picks, check_gpu, fit_container, fit_pod,
 };
 use crate::core::model::{Cluster, Gpu, GpuUse, Node, NodeId};
 use crate::core::request::{MemoryRequest, PodRequest};
+use crate::core::score::ScoringWeights;
 
 /// GPU capacity of one card in milli-GPU.
 pub const MILLI_PER_GPU: u32 = 1000;
@@ -282,14 +289,144 @@ pub fn node_idle_milli(node: &Node) -> u64 {
         .sum()
 }
 
-/// Per-node fragmentation for a shape distribution, refreshed node by node.
+/// One group's view of one node: how many GPUs could host one GPU of its
+/// pods, and the idle share of the GPUs that could not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct GroupFit {
+    usable: u32,
+    unusable_idle: u64,
+}
+
+/// Whether GPU `i`, in this state, can host one GPU of the group's pods.
+fn hosts(grp: &Group, mask: u64, i: usize, g: GpuFree) -> bool {
+    let eligible = i < 64 && mask & (1 << i) != 0;
+    eligible
+        && if grp.milli >= MILLI_PER_GPU {
+            g.empty
+        } else {
+            g.usable >= grp.milli
+        }
+}
+
+/// What the index keeps per node, so that scoring a placement on one GPU
+/// costs one pass over the groups for that GPU instead of a pass over
+/// every GPU for every group.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct NodeState {
+    /// The node's [`Cluster::generation`] when this was computed.
+    generation: u64,
+    /// The node's fragmentation, milli-GPU (frequency-weighted).
+    frag: f64,
+    /// Per group: bit i set when GPU i's type suits the group.
+    masks: Vec<u64>,
+    /// Each GPU's free share.
+    free: Vec<GpuFree>,
+    /// The sum of the GPUs' idle shares, milli.
+    idle: u64,
+    /// Per group, at this usage.
+    fits: Vec<GroupFit>,
+    /// Per group, the weight of the shapes that fit the node's free CPU
+    /// and memory, and of those that do not.
+    weights: Vec<(f64, f64)>,
+    /// The largest CPU and the largest memory among the shapes that fit
+    /// the free CPU and memory: a pod that leaves at least this much free
+    /// leaves `weights` as they are.
+    fit_max: (u64, u64),
+}
+
+/// Where FGD puts a pod on one node.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Placement {
+    /// One GPU for the pod's only GPU container (an app container).
+    Single {
+        /// Position of the container in [`PodRequest::app`].
+        app: usize,
+        /// The GPU and what it takes.
+        pick: Pick,
+    },
+    /// Every container's GPUs, fitted in the fallback order.
+    Picks(PodPicks),
+}
+
+impl Placement {
+    /// The picks of every container.
+    pub(crate) fn into_picks(self, req: &PodRequest) -> PodPicks {
+        match self {
+            Self::Picks(p) => p,
+            Self::Single { app, pick } => {
+                let mut picks = PodPicks {
+                    init: vec![Vec::new(); req.init.len()],
+                    app: vec![Vec::new(); req.app.len()],
+                };
+                if let Some(a) = picks.app.get_mut(app) {
+                    a.push(pick);
+                }
+                picks
+            }
+        }
+    }
+}
+
+/// One node's outcome for one request: the policy's key (higher is
+/// better) and the placement, or why the pod does not fit.
+pub(crate) type Outcome = Result<((f64, f64), Placement), FitFailure>;
+
+/// Buffers one evaluation reuses from the previous one.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    weights: Vec<(f64, f64)>,
+    tried: Vec<usize>,
+    order: Vec<usize>,
+}
+
+/// How many distinct requests the index remembers outcomes for.
+const MEMO_REQUESTS: usize = 4;
+
+/// The per-node outcomes of one request, each valid while the node keeps
+/// the [`Cluster::generation`] it was computed at.
+#[derive(Debug, Clone)]
+pub(crate) struct MemoEntry {
+    req: PodRequest,
+    weights: ScoringWeights,
+    /// By node id: (generation, outcome).
+    slots: Vec<Option<(u64, Outcome)>>,
+}
+
+impl MemoEntry {
+    /// The node's remembered outcome, if it was computed at `generation`.
+    pub(crate) fn get(&self, id: NodeId, generation: u64) -> Option<&Outcome> {
+        match self.slots.get(id) {
+            Some(Some((g, o))) if *g == generation => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Remembers the node's outcome at `generation`.
+    pub(crate) fn store(&mut self, id: NodeId, generation: u64, outcome: Outcome) {
+        if self.slots.len() <= id {
+            self.slots.resize(id + 1, None);
+        }
+        self.slots[id] = Some((generation, outcome));
+    }
+
+    /// Forgets the node's outcome.
+    fn forget(&mut self, id: NodeId) {
+        if let Some(slot) = self.slots.get_mut(id) {
+            *slot = None;
+        }
+    }
+}
+
+/// Per-node fragmentation for a shape distribution, refreshed node by node,
+/// with the per-node outcomes of the last few requests (see
+/// `FgdIndex::memo`).
 #[derive(Debug, Clone)]
 pub struct FgdIndex {
     params: FgdParams,
     groups: Vec<Group>,
-    /// Per node, per group: bit i set when GPU i's type suits the group.
-    masks: Vec<Vec<u64>>,
-    node_frag: Vec<f64>,
+    nodes: Vec<NodeState>,
+    /// Most recently used first; at most [`MEMO_REQUESTS`].
+    memo: Vec<MemoEntry>,
 }
 
 impl FgdIndex {
@@ -306,8 +443,8 @@ impl FgdIndex {
         let mut index = Self {
             params,
             groups: typical_groups(dist, &params),
-            masks: Vec::new(),
-            node_frag: Vec::new(),
+            nodes: Vec::new(),
+            memo: Vec::new(),
         };
         for id in 0..cluster.nodes().len() {
             index.refresh_node(cluster, id);
@@ -356,44 +493,68 @@ impl FgdIndex {
     }
 
     /// Recomputes one node (after a placement or release touched it, or
-    /// after it was added).
+    /// after it was added), and forgets the outcomes remembered for it.
     pub fn refresh_node(&mut self, cluster: &Cluster, id: NodeId) {
         let Some(node) = cluster.node(id) else {
             return;
         };
-        if self.masks.len() <= id {
-            self.masks.resize(id + 1, Vec::new());
-            self.node_frag.resize(id + 1, 0.0);
+        if self.nodes.len() <= id {
+            self.nodes.resize_with(id + 1, NodeState::default);
         }
         // GPU types may have changed with an upsert: cheap to redo.
-        self.masks[id] = self.masks_for(node);
+        let masks = self.masks_for(node);
+        let mut state = self.state_of(cluster.generation(id), node, masks, 0.0);
+        state.frag = self.combine(&state.weights, state.idle, |j| state.fits[j]);
+        self.nodes[id] = state;
+        for entry in &mut self.memo {
+            entry.forget(id);
+        }
+    }
+
+    /// The node's state at its current usage, with these masks and this
+    /// fragmentation.
+    fn state_of(&self, generation: u64, node: &Node, masks: Vec<u64>, frag: f64) -> NodeState {
         let free: Vec<GpuFree> = node
             .gpus
             .iter()
             .zip(&node.usage)
             .map(|(g, u)| gpu_free(g, u))
             .collect();
-        let mut weights = Vec::new();
-        self.weights(node.free_cpu_memory(), &mut weights);
-        self.node_frag[id] = self.frag_with(id, &weights, &free);
+        let idle = free.iter().map(|g| u64::from(g.idle)).sum();
+        let mut fits = Vec::with_capacity(self.groups.len());
+        self.fits_into(&masks, &free, &mut fits);
+        let mut weights = Vec::with_capacity(self.groups.len());
+        let fit_max = self.weights(node.free_cpu_memory(), &mut weights);
+        NodeState {
+            generation,
+            frag,
+            masks,
+            free,
+            idle,
+            fits,
+            weights,
+            fit_max,
+        }
     }
 
     /// The fragmentation of a node, milli-GPU (frequency-weighted).
     #[must_use]
     pub fn node_fragmentation(&self, id: NodeId) -> f64 {
-        self.node_frag.get(id).copied().unwrap_or(0.0)
+        self.nodes.get(id).map_or(0.0, |n| n.frag)
     }
 
     /// The cluster's fragmentation, milli-GPU.
     #[must_use]
     pub fn cluster_fragmentation(&self) -> f64 {
-        self.node_frag.iter().sum()
+        self.nodes.iter().map(|n| n.frag).sum()
     }
 
     /// Per group, the weight of shapes that fit this free CPU/memory and of
-    /// those that do not.
-    fn weights(&self, free: Option<(u64, u64)>, out: &mut Vec<(f64, f64)>) {
+    /// those that do not; returns the largest CPU and the largest memory of
+    /// a shape that fits.
+    fn weights(&self, free: Option<(u64, u64)>, out: &mut Vec<(f64, f64)>) -> (u64, u64) {
         out.clear();
+        let mut max = (0, 0);
         for grp in &self.groups {
             match free {
                 None => out.push((grp.weight, 0.0)),
@@ -405,17 +566,44 @@ impl FgdIndex {
                         .map(|s| s.2)
                         .sum();
                     out.push((fit, grp.weight - fit));
+                    for s in grp.shapes.iter().filter(|s| s.0 <= cpu && s.1 <= mem) {
+                        max = (max.0.max(s.0), max.1.max(s.1));
+                    }
                 }
             }
         }
+        max
     }
 
-    fn frag_with(&self, id: NodeId, weights: &[(f64, f64)], gpus: &[GpuFree]) -> f64 {
-        let idle_total: u64 = gpus.iter().map(|g| u64::from(g.idle)).sum();
+    /// Per group, which GPUs in these states can host it.
+    fn fits_into(&self, masks: &[u64], free: &[GpuFree], out: &mut Vec<GroupFit>) {
+        out.clear();
+        for (j, grp) in self.groups.iter().enumerate() {
+            let mask = masks.get(j).copied().unwrap_or(0);
+            let mut fit = GroupFit::default();
+            for (i, g) in free.iter().enumerate() {
+                if hosts(grp, mask, i, *g) {
+                    fit.usable += 1;
+                } else {
+                    fit.unusable_idle += u64::from(g.idle);
+                }
+            }
+            out.push(fit);
+        }
+    }
+
+    /// A node's fragmentation from its idle total and each group's fit.
+    /// The one place the float sum is taken, in group order, so the
+    /// whole-node and the one-GPU-changed paths give the same bits.
+    fn combine(
+        &self,
+        weights: &[(f64, f64)],
+        idle_total: u64,
+        fit: impl Fn(usize) -> GroupFit,
+    ) -> f64 {
         if idle_total == 0 {
             return 0.0;
         }
-        let masks = self.masks.get(id).map_or(&[][..], Vec::as_slice);
         let mut frag = 0.0;
         #[allow(clippy::cast_precision_loss)]
         let idle_f = idle_total as f64;
@@ -429,32 +617,44 @@ impl FgdIndex {
             if w_fit == 0.0 || grp.gpus == 0 {
                 continue;
             }
-            let mask = masks.get(j).copied().unwrap_or(0);
-            let mut usable_count = 0u32;
-            let mut unusable_idle = 0u64;
-            for (i, g) in gpus.iter().enumerate() {
-                let eligible = i < 64 && mask & (1 << i) != 0;
-                let ok = eligible
-                    && if grp.milli >= MILLI_PER_GPU {
-                        g.empty
-                    } else {
-                        g.usable >= grp.milli
-                    };
-                if ok {
-                    usable_count += 1;
-                } else {
-                    unusable_idle += u64::from(g.idle);
-                }
-            }
+            let f = fit(j);
             #[allow(clippy::cast_precision_loss)]
-            let g_frag = if usable_count >= grp.gpus {
-                unusable_idle as f64
+            let g_frag = if f.usable >= grp.gpus {
+                f.unusable_idle as f64
             } else {
                 idle_f
             };
             frag += w_fit * g_frag;
         }
         frag
+    }
+
+    /// The node's fragmentation with GPU `pos` changed from `old` to `new`
+    /// (the rest as `state` has them), under these weights.
+    fn frag_with_one_changed(
+        &self,
+        state: &NodeState,
+        weights: &[(f64, f64)],
+        pos: usize,
+        old: GpuFree,
+        new: GpuFree,
+    ) -> f64 {
+        let idle = state.idle - u64::from(old.idle) + u64::from(new.idle);
+        self.combine(weights, idle, |j| {
+            let mut fit = state.fits.get(j).copied().unwrap_or_default();
+            let (grp, mask) = (&self.groups[j], state.masks.get(j).copied().unwrap_or(0));
+            if hosts(grp, mask, pos, old) {
+                fit.usable -= 1;
+            } else {
+                fit.unusable_idle -= u64::from(old.idle);
+            }
+            if hosts(grp, mask, pos, new) {
+                fit.usable += 1;
+            } else {
+                fit.unusable_idle += u64::from(new.idle);
+            }
+            fit
+        })
     }
 
     /// FGD on one node: the placement whose fragmentation increase is the
@@ -471,35 +671,69 @@ impl FgdIndex {
         req: &PodRequest,
         fallback_order: &[usize],
     ) -> Result<(f64, PodPicks), FitFailure> {
+        let fill = |o: &mut Vec<usize>| {
+            o.clear();
+            o.extend_from_slice(fallback_order);
+        };
+        self.evaluate(cluster, id, req, fill, &mut Scratch::default())
+            .map(|(d, p)| (d, p.into_picks(req)))
+    }
+
+    /// [`FgdIndex::best_on_node`], with the fallback order computed only
+    /// when it is needed (`fallback` fills it) and buffers reused.
+    pub(crate) fn evaluate(
+        &self,
+        cluster: &Cluster,
+        id: NodeId,
+        req: &PodRequest,
+        fallback: impl FnOnce(&mut Vec<usize>),
+        scratch: &mut Scratch,
+    ) -> Result<(f64, Placement), FitFailure> {
         let Some(node) = cluster.node(id) else {
             return Err(FitFailure::single(Reason::NodeInsufficientDevice, 0));
         };
-        let before = self.node_fragmentation(id);
+        // The kept state, or, should the node have changed without a
+        // refresh, its current usage with the masks and fragmentation the
+        // index last saw.
+        let generation = cluster.generation(id);
+        let current;
+        let state = match self.nodes.get(id) {
+            Some(s) if s.generation == generation => s,
+            kept => {
+                let masks = kept.map(|s| s.masks.clone()).unwrap_or_default();
+                let frag = kept.map_or(0.0, |s| s.frag);
+                current = self.state_of(generation, node, masks, frag);
+                &current
+            }
+        };
+        let before = state.frag;
         let after_free = node.free_cpu_memory().map(|(c, m)| {
             (
                 c.saturating_sub(req.cpu_milli),
                 m.saturating_sub(req.memory_mib),
             )
         });
-        let mut weights = Vec::with_capacity(self.groups.len());
-        let mut free: Vec<GpuFree> = node
-            .gpus
-            .iter()
-            .zip(&node.usage)
-            .map(|(g, u)| gpu_free(g, u))
-            .collect();
+        let Scratch {
+            weights: weights_buf,
+            tried,
+            order,
+        } = scratch;
 
-        let gpu_apps: Vec<usize> = req
+        let mut gpu_apps = req
             .app
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| r.map(|_| i))
-            .collect();
-        let single = req.init.iter().all(Option::is_none)
-            && gpu_apps.len() == 1
-            && req.app[gpu_apps[0]].is_some_and(|r| r.nums == 1);
-        if !single {
-            let picks = fit_pod(node, req, fallback_order)?;
+            .filter_map(|(i, r)| r.map(|r| (i, r)));
+        let first = gpu_apps.next();
+        let single = match first {
+            Some((_, r)) => {
+                r.nums == 1 && gpu_apps.next().is_none() && req.init.iter().all(Option::is_none)
+            }
+            None => false,
+        };
+        let Some((app_idx, r)) = first.filter(|_| single) else {
+            fallback(order);
+            let picks = fit_pod(node, req, order)?;
             let mut usage = node.usage.clone();
             for p in &picks.app {
                 apply_picks(&mut usage, p);
@@ -511,23 +745,36 @@ impl FgdIndex {
                     u.usedcores = u.usedcores.max(p.usedcores);
                 }
             }
-            for (i, (g, u)) in node.gpus.iter().zip(&usage).enumerate() {
-                free[i] = gpu_free(g, u);
-            }
-            self.weights(after_free, &mut weights);
-            return Ok((self.frag_with(id, &weights, &free) - before, picks));
-        }
+            let free: Vec<GpuFree> = node
+                .gpus
+                .iter()
+                .zip(&usage)
+                .map(|(g, u)| gpu_free(g, u))
+                .collect();
+            let idle = free.iter().map(|g| u64::from(g.idle)).sum();
+            let mut fits = Vec::with_capacity(self.groups.len());
+            self.fits_into(&state.masks, &free, &mut fits);
+            self.weights(after_free, weights_buf);
+            let after = self.combine(weights_buf, idle, |j| fits[j]);
+            return Ok((after - before, Placement::Picks(picks)));
+        };
 
         if !node.fits_cpu_memory(req.cpu_milli, req.memory_mib) {
-            return fit_pod(node, req, fallback_order).map(|p| (0.0, p));
+            fallback(order);
+            return fit_pod(node, req, order).map(|p| (0.0, Placement::Picks(p)));
         }
-        let app_idx = gpu_apps[0];
-        let Some(r) = req.app[app_idx] else {
-            return fit_pod(node, req, fallback_order).map(|p| (0.0, p));
+        // The pod's CPU and memory change the weights only when they leave
+        // less than some fitting shape needs.
+        let weights: &[(f64, f64)] = match after_free {
+            Some((c, m)) if c < state.fit_max.0 || m < state.fit_max.1 => {
+                self.weights(after_free, weights_buf);
+                weights_buf
+            }
+            _ => &state.weights,
         };
-        self.weights(after_free, &mut weights);
-        let mut best: Option<(f64, usize, u64, u32, u32)> = None;
-        let mut tried: Vec<usize> = Vec::with_capacity(node.gpus.len());
+        // (fragmentation after, GPU, memory, cores, free share left, score).
+        let mut best: Option<(f64, usize, u64, u32, u32, f64)> = None;
+        tried.clear();
         for (pos, (g, u)) in node.gpus.iter().zip(&node.usage).enumerate() {
             let Ok(p) = check_gpu(g, u, &r, &req.constraints) else {
                 continue;
@@ -539,12 +786,14 @@ impl FgdIndex {
             {
                 continue;
             }
+            // The type string last: the one comparison that reads memory
+            // away from the GPU.
             let same = tried.iter().any(|&t| {
                 node.usage[t] == *u
-                    && node.gpus[t].device_type == g.device_type
                     && node.gpus[t].devmem == g.devmem
                     && node.gpus[t].devcore == g.devcore
                     && node.gpus[t].count == g.count
+                    && node.gpus[t].device_type == g.device_type
             });
             if same {
                 continue;
@@ -555,43 +804,76 @@ impl FgdIndex {
                 usedmem: u.usedmem + p.usedmem,
                 usedcores: u.usedcores + p.usedcores,
             };
-            let old = free[pos];
-            let after_free = gpu_free(g, &after);
-            free[pos] = after_free;
-            let f = self.frag_with(id, &weights, &free);
-            free[pos] = old;
+            let after_gpu = gpu_free(g, &after);
+            let f = self.frag_with_one_changed(state, weights, pos, state.free[pos], after_gpu);
             // Equal growth: the GPU left with the least free share wins.
-            let left = after_free.idle;
+            let left = after_gpu.idle;
+            // The best's score is kept, not computed again per GPU.
+            let score = if self.params.gpu_by_score {
+                self.score_of_growth(f - before)
+            } else {
+                0.0
+            };
             let better = if self.params.gpu_by_score {
-                best.is_none_or(|b| {
-                    self.score_of_growth(f - before) > self.score_of_growth(b.0 - before)
-                })
+                best.is_none_or(|b| score > b.5)
             } else {
                 best.is_none_or(|b| f < b.0 - 1e-9 || (f <= b.0 + 1e-9 && left < b.4))
             };
             if better {
-                best = Some((f, pos, p.usedmem, p.usedcores, left));
+                best = Some((f, pos, p.usedmem, p.usedcores, left, score));
             }
         }
-        let Some((f, pos, usedmem, usedcores, _)) = best else {
+        let Some((f, pos, usedmem, usedcores, _, _)) = best else {
             // Nothing fits: let fit explain why.
-            let err = fit_container(node, &node.usage, fallback_order, &r, &req.constraints)
+            fallback(order);
+            let err = fit_container(node, &node.usage, order, &r, &req.constraints)
                 .err()
                 .unwrap_or_else(|| {
                     FitFailure::single(Reason::AllocatedCardsInsufficientRequest, node.gpus.len())
                 });
             return Err(err);
         };
-        let mut picks = PodPicks {
-            init: vec![Vec::new(); req.init.len()],
-            app: vec![Vec::new(); req.app.len()],
-        };
-        picks.app[app_idx] = vec![crate::core::fit::Pick {
+        let pick = Pick {
             gpu: pos,
             usedmem,
             usedcores,
-        }];
-        Ok((f - before, picks))
+        };
+        Ok((f - before, Placement::Single { app: app_idx, pick }))
+    }
+
+    /// The outcomes remembered for this request (scored with these GPU
+    /// weights), taken out of the index; empty when there are none. Give
+    /// them back with [`FgdIndex::remember`].
+    ///
+    /// An outcome is a pure function of the node (its generation), the
+    /// request, the weights and the index (groups, parameters, and the
+    /// node's kept fragmentation, which [`FgdIndex::refresh_node`] changes
+    /// and therefore forgets the node's outcomes). A new index (a rebuild
+    /// for a changed workload) starts with none.
+    pub(crate) fn memo(&mut self, req: &PodRequest, weights: ScoringWeights) -> MemoEntry {
+        match self
+            .memo
+            .iter()
+            .position(|e| e.weights == weights && e.req == *req)
+        {
+            Some(i) => self.memo.remove(i),
+            None => MemoEntry {
+                req: req.clone(),
+                weights,
+                slots: Vec::new(),
+            },
+        }
+    }
+
+    /// Keeps these outcomes as the most recently used.
+    pub(crate) fn remember(&mut self, entry: MemoEntry) {
+        self.memo.insert(0, entry);
+        self.memo.truncate(MEMO_REQUESTS);
+    }
+
+    /// Forgets every remembered outcome.
+    pub fn forget_outcomes(&mut self) {
+        self.memo.clear();
     }
 }
 
@@ -599,8 +881,10 @@ impl FgdIndex {
 mod tests {
     use super::*;
     use crate::core::model::NodeCapacity;
-    use crate::core::model::testutil::mk_node;
+    use crate::core::model::testutil::{mk_device, mk_node};
     use crate::core::request::DeviceRequest;
+    use crate::core::reservation::HostResources;
+    use proto::hami::pod_devices::PodDevices;
 
     fn share(milli: u32) -> Shape {
         Shape {
@@ -884,5 +1168,248 @@ mod tests {
         let idx = FgdIndex::new(&d, &c);
         let err = idx.best_on_node(&c, 0, &pod(30), &[0]).unwrap_err();
         assert_eq!(err.to_string(), "1/1 CardInsufficientMemory");
+    }
+
+    /// The whole-node fragmentation as this module computed it before it
+    /// kept per-node state (every GPU against every group), written out
+    /// again as the reference the kept state must reproduce bit for bit.
+    fn reference_frag(
+        idx: &FgdIndex,
+        masks: &[u64],
+        weights: &[(f64, f64)],
+        gpus: &[GpuFree],
+    ) -> f64 {
+        let idle_total: u64 = gpus.iter().map(|g| u64::from(g.idle)).sum();
+        if idle_total == 0 {
+            return 0.0;
+        }
+        let mut frag = 0.0;
+        #[allow(clippy::cast_precision_loss)]
+        let idle_f = idle_total as f64;
+        for (j, grp) in idx.groups.iter().enumerate() {
+            let (w_fit, w_nofit) = weights[j];
+            if grp.gpus == 0 && idx.params.cpu_only == CpuOnlyFrag::AllIdle {
+                frag += (w_fit + w_nofit) * idle_f;
+                continue;
+            }
+            frag += w_nofit * idle_f;
+            if w_fit == 0.0 || grp.gpus == 0 {
+                continue;
+            }
+            let mask = masks.get(j).copied().unwrap_or(0);
+            let (mut usable, mut unusable) = (0u32, 0u64);
+            for (i, g) in gpus.iter().enumerate() {
+                let eligible = i < 64 && mask & (1 << i) != 0;
+                let ok = eligible
+                    && if grp.milli >= MILLI_PER_GPU {
+                        g.empty
+                    } else {
+                        g.usable >= grp.milli
+                    };
+                if ok {
+                    usable += 1;
+                } else {
+                    unusable += u64::from(g.idle);
+                }
+            }
+            #[allow(clippy::cast_precision_loss)]
+            let g_frag = if usable >= grp.gpus {
+                unusable as f64
+            } else {
+                idle_f
+            };
+            frag += w_fit * g_frag;
+        }
+        frag
+    }
+
+    fn reference_node_frag(idx: &FgdIndex, node: &Node) -> f64 {
+        let free: Vec<GpuFree> = node
+            .gpus
+            .iter()
+            .zip(&node.usage)
+            .map(|(g, u)| gpu_free(g, u))
+            .collect();
+        let mut w = Vec::new();
+        idx.weights(node.free_cpu_memory(), &mut w);
+        reference_frag(idx, &idx.masks_for(node), &w, &free)
+    }
+
+    /// The single-GPU choice as it was made before: every fitting GPU tried
+    /// with the whole node evaluated again, the weights always recomputed.
+    fn reference_single(
+        idx: &FgdIndex,
+        c: &Cluster,
+        id: NodeId,
+        req: &PodRequest,
+    ) -> Option<(f64, usize)> {
+        let node = c.node(id)?;
+        let r = req.app[0]?;
+        if !node.fits_cpu_memory(req.cpu_milli, req.memory_mib) {
+            return None;
+        }
+        let before = reference_node_frag(idx, node);
+        let after_free = node.free_cpu_memory().map(|(c, m)| {
+            (
+                c.saturating_sub(req.cpu_milli),
+                m.saturating_sub(req.memory_mib),
+            )
+        });
+        let mut weights = Vec::new();
+        idx.weights(after_free, &mut weights);
+        let masks = idx.masks_for(node);
+        let mut free: Vec<GpuFree> = node
+            .gpus
+            .iter()
+            .zip(&node.usage)
+            .map(|(g, u)| gpu_free(g, u))
+            .collect();
+        let mut best: Option<(f64, usize)> = None;
+        let mut tried: Vec<usize> = Vec::new();
+        for (pos, (g, u)) in node.gpus.iter().zip(&node.usage).enumerate() {
+            let Ok(p) = check_gpu(g, u, &r, &req.constraints) else {
+                continue;
+            };
+            let same = tried.iter().any(|&t| {
+                node.usage[t] == *u
+                    && node.gpus[t].device_type == g.device_type
+                    && node.gpus[t].devmem == g.devmem
+                    && node.gpus[t].devcore == g.devcore
+                    && node.gpus[t].count == g.count
+            });
+            if same {
+                continue;
+            }
+            tried.push(pos);
+            let after = GpuUse {
+                used: u.used + 1,
+                usedmem: u.usedmem + p.usedmem,
+                usedcores: u.usedcores + p.usedcores,
+            };
+            let old = free[pos];
+            free[pos] = gpu_free(g, &after);
+            let f = reference_frag(idx, &masks, &weights, &free);
+            free[pos] = old;
+            if best
+                .is_none_or(|b| idx.score_of_growth(f - before) > idx.score_of_growth(b.0 - before))
+            {
+                best = Some((f, pos));
+            }
+        }
+        best.map(|(f, pos)| (f - before, pos))
+    }
+
+    /// Three nodes unlike each other: T4s with CPU and memory, a mix of
+    /// A100s and a smaller T4, and T4s with no CPU/memory figures.
+    fn mixed_cluster() -> Cluster {
+        let cap = NodeCapacity {
+            cpu_milli: 4000,
+            memory_mib: 4000,
+        };
+        let b = Node::from_register(
+            "b",
+            &[
+                mk_device("b", 0, "NVIDIA-A100", 3, 1000),
+                mk_device("b", 1, "NVIDIA-Tesla T4", 3, 800),
+                mk_device("b", 2, "NVIDIA-A100", 3, 1000),
+            ],
+        )
+        .with_capacity(cap);
+        Cluster::new(vec![
+            mk_node("a", 2, 4, 1000).with_capacity(cap),
+            b,
+            mk_node("c", 3, 10, 1000),
+        ])
+    }
+
+    proptest::proptest! {
+        /// After any sequence of reserves and releases, each refreshed
+        /// node's kept state equals a freshly built index's, its
+        /// fragmentation equals the whole-node reference to the bit, and
+        /// the GPU chosen for a slice pod (growth included, to the bit)
+        /// equals the reference that re-evaluates the whole node per GPU.
+        #[test]
+        fn kept_node_state_equals_a_fresh_index_and_the_whole_node_reference(
+            shapes in proptest::collection::vec(
+                (0u64..3000, 0u64..3000, 0u32..3, 1u32..=10, proptest::bool::ANY), 1..8),
+            ops in proptest::collection::vec(
+                (proptest::bool::weighted(0.7), 0usize..3, 0usize..3, 1u64..600, 1u32..60, 0u64..1500, 0usize..40),
+                1..30),
+            probes in proptest::collection::vec((1u32..=10, 0u64..1200, 0u64..3000, 0u64..3000), 1..4),
+        ) {
+            let mut dist = ShapeDistribution::default();
+            for (cpu, mem, gpus, tenths, a100) in shapes {
+                dist.observe(Shape {
+                    cpu_milli: cpu,
+                    memory_mib: mem,
+                    gpus,
+                    milli: if gpus == 0 { 0 } else { tenths * 100 },
+                    types: if a100 { vec!["a100".into()] } else { vec![] },
+                });
+            }
+            let mut c = mixed_cluster();
+            let mut live = FgdIndex::new(&dist, &c);
+            let mut held: Vec<(String, NodeId)> = Vec::new();
+            for (k, (reserve, node, gpu, mem, cores, cpu, pick)) in ops.into_iter().enumerate() {
+                if reserve {
+                    let n = c.node(node).unwrap();
+                    let uuid = n.gpus[gpu % n.gpus.len()].uuid.clone();
+                    let devices: PodDevices = format!("{uuid},NVIDIA,{mem},{cores}:;").parse().unwrap();
+                    let uid = format!("p{k}");
+                    let host = HostResources { cpu_milli: cpu, memory_mib: cpu };
+                    if c.reserve(&uid, node, &devices, 0, host).is_ok() {
+                        held.push((uid, node));
+                    }
+                    live.refresh_node(&c, node);
+                } else if !held.is_empty() {
+                    let (uid, node) = held.remove(pick % held.len());
+                    c.release(&uid);
+                    live.refresh_node(&c, node);
+                }
+                let fresh = FgdIndex::new(&dist, &c);
+                for id in 0..c.nodes().len() {
+                    proptest::prop_assert_eq!(&live.nodes[id], &fresh.nodes[id]);
+                    let want = reference_node_frag(&live, c.node(id).unwrap());
+                    proptest::prop_assert_eq!(live.node_fragmentation(id).to_bits(), want.to_bits());
+                    for &(tenths, mem, cpu, memory) in &probes {
+                        let req = PodRequest {
+                            app: vec![Some(DeviceRequest {
+                                nums: 1,
+                                memory: MemoryRequest::Mib(mem),
+                                cores: tenths * 10,
+                            })],
+                            cpu_milli: cpu,
+                            memory_mib: memory,
+                            ..PodRequest::default()
+                        };
+                        let order: Vec<usize> = (0..c.node(id).unwrap().gpus.len()).collect();
+                        let got = live
+                            .best_on_node(&c, id, &req, &order)
+                            .ok()
+                            .map(|(d, p)| (d.to_bits(), p.app[0][0].gpu));
+                        let want = reference_single(&live, &c, id, &req).map(|(d, pos)| (d.to_bits(), pos));
+                        proptest::prop_assert_eq!(got, want);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_changed_without_a_refresh_is_evaluated_at_its_current_usage() {
+        let mut d = ShapeDistribution::default();
+        d.observe(share(500));
+        let mut c = Cluster::new(vec![mk_node("a", 1, 10, 1000)]);
+        let idx = FgdIndex::new(&d, &c);
+        c.node_mut(0).unwrap().usage[0] = GpuUse {
+            used: 1,
+            usedmem: 900,
+            usedcores: 90,
+        };
+        // The kept state says the GPU is empty; fit reads the node.
+        let err = idx.best_on_node(&c, 0, &pod(30), &[0]).unwrap_err();
+        assert_eq!(err.to_string(), "1/1 CardInsufficientMemory");
+        // The kept fragmentation stays what the index last saw.
+        assert!(idx.node_fragmentation(0).abs() < 1e-9);
     }
 }

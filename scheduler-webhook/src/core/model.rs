@@ -266,6 +266,10 @@ pub struct Cluster {
     nodes: Vec<Node>,
     by_name: HashMap<String, NodeId>,
     pub(crate) ledger: Ledger,
+    /// Per node, the value of `next_generation` at its last change.
+    generations: Vec<u64>,
+    /// Stamps changes; never repeats, so a stamp names one node state.
+    next_generation: u64,
 }
 
 impl Cluster {
@@ -294,13 +298,33 @@ impl Cluster {
             node.used_cpu_milli = old.used_cpu_milli;
             node.used_memory_mib = old.used_memory_mib;
             self.nodes[id] = node;
+            self.touch(id);
             id
         } else {
             let id = self.nodes.len();
             self.by_name.insert(node.name.clone(), id);
             self.nodes.push(node);
+            self.generations.push(0);
+            self.touch(id);
             id
         }
+    }
+
+    /// Gives the node a new generation.
+    fn touch(&mut self, id: NodeId) {
+        if let Some(g) = self.generations.get_mut(id) {
+            // From 1: 0 is left to mean "never seen" in caches.
+            self.next_generation += 1;
+            *g = self.next_generation;
+        }
+    }
+
+    /// The node's generation: it changes whenever the node or its usage may
+    /// have changed (every mutable access), and a value is never given to
+    /// two states of the cluster. Caches of per-node results key on it.
+    #[must_use]
+    pub fn generation(&self, id: NodeId) -> u64 {
+        self.generations.get(id).copied().unwrap_or(u64::MAX)
     }
 
     /// All nodes, indexed by [`NodeId`].
@@ -321,7 +345,9 @@ impl Cluster {
         self.by_name.get(name).copied()
     }
 
+    /// One node, to change it; bumps its [`Cluster::generation`].
     pub(crate) fn node_mut(&mut self, id: NodeId) -> Option<&mut Node> {
+        self.touch(id);
         self.nodes.get_mut(id)
     }
 

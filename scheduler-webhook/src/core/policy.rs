@@ -19,7 +19,7 @@ use std::borrow::Cow;
 
 use proto::hami::pod_devices::{ContainerDevice, PodDevices};
 
-use crate::core::fgd::FgdIndex;
+use crate::core::fgd::{FgdIndex, Scratch};
 pub use crate::core::kinds::{GpuPolicy, GpuPolicyName, Policy, PolicyError};
 
 use crate::core::fit::{FitFailure, PodPicks, check_pod, fit_pod, order_independent};
@@ -357,6 +357,11 @@ fn with_filters<'a>(req: &'a PodRequest, gpu_policy: GpuPolicy) -> Cow<'a, PodRe
 
 /// Chooses a node and GPUs for the pod among `candidates`.
 ///
+/// FGD takes the index mutably: it remembers each node's outcome for the
+/// last few requests and evaluates again only the nodes whose
+/// [`Cluster::generation`] changed since (see [`FgdIndex::refresh_node`]).
+/// The decision is the same as evaluating every node afresh.
+///
 /// # Errors
 /// No candidate fits, or FGD without an index.
 pub fn schedule(
@@ -364,14 +369,17 @@ pub fn schedule(
     req: &PodRequest,
     candidates: impl IntoIterator<Item = NodeId>,
     cfg: &SchedulerConfig,
-    fgd: Option<&FgdIndex>,
+    fgd: Option<&mut FgdIndex>,
     rng: &mut SplitMix64,
 ) -> Result<Decision, ScheduleError> {
     let policy = req.node_policy.unwrap_or(cfg.node_policy);
     let (gpu_policy, weights) = gpu_choice(req, cfg);
     let req = &*with_filters(req, gpu_policy);
-    if policy == Policy::Fgd && fgd.is_none() {
-        return Err(ScheduleError::MissingFgdIndex);
+    if policy == Policy::Fgd {
+        let Some(index) = fgd else {
+            return Err(ScheduleError::MissingFgdIndex);
+        };
+        return schedule_fgd(cluster, req, candidates, weights, index, rng);
     }
     if matches!(policy, Policy::Binpack | Policy::Spread) && order_independent(req) {
         let ids: Vec<NodeId> = candidates.into_iter().collect();
@@ -400,38 +408,8 @@ pub fn schedule(
                 rng.shuffle(&mut order);
                 fit_pod(node, req, &order).map(|p| ((0.0, 0.0), p))
             }
-            Policy::Fgd => {
-                let Some(index) = fgd else {
-                    return Err(ScheduleError::MissingFgdIndex);
-                };
-                gpu_order_into(
-                    node,
-                    req,
-                    GpuPolicy::BINPACK,
-                    &weights,
-                    &mut order,
-                    &mut scores,
-                );
-                // Equal fragmentation growth: a GPU pod goes to the fuller
-                // node (HAMi binpack score), keeping empty nodes whole; a
-                // CPU-only pod goes where CPU is least needed by idle GPUs.
-                let secondary = if !index.params().tie_by_fullness {
-                    0.0
-                } else if req.wants_gpu() {
-                    node_score(node)
-                } else {
-                    let free_cpu = node
-                        .free_cpu_memory()
-                        .map_or(0, |(c, _)| c.saturating_sub(req.cpu_milli));
-                    #[allow(clippy::cast_precision_loss)]
-                    let per_idle =
-                        free_cpu as f64 / (crate::core::fgd::node_idle_milli(node) as f64 + 1.0);
-                    per_idle
-                };
-                index
-                    .best_on_node(cluster, id, req, &order)
-                    .map(|(d, p)| ((index.score_of_growth(d), secondary), p))
-            }
+            // Answered by `schedule_fgd` above.
+            Policy::Fgd => continue,
         };
         match placed {
             Err(f) => failed.push((id, f)),
@@ -446,6 +424,86 @@ pub fn schedule(
             failed,
         }),
         None => Err(ScheduleError::NoNodeFits { failed }),
+    }
+}
+
+/// FGD over the candidates: each node's outcome comes from the index's
+/// memo when the node has not changed since it was computed for this
+/// request, else it is evaluated and remembered. Nodes are offered in
+/// candidate order either way, so the seeded tie break draws the same.
+fn schedule_fgd(
+    cluster: &Cluster,
+    req: &PodRequest,
+    candidates: impl IntoIterator<Item = NodeId>,
+    weights: ScoringWeights,
+    index: &mut FgdIndex,
+    rng: &mut SplitMix64,
+) -> Result<Decision, ScheduleError> {
+    let mut memo = index.memo(req, weights);
+    let view = &*index;
+    let mut scratch = Scratch::default();
+    let mut scores = Vec::new();
+    let mut failed = Vec::new();
+    let mut best: Best<NodeId> = Best::default();
+    for id in candidates {
+        let Some(node) = cluster.node(id) else {
+            continue;
+        };
+        let generation = cluster.generation(id);
+        if memo.get(id, generation).is_none() {
+            let fallback = |order: &mut Vec<usize>| {
+                gpu_order_into(node, req, GpuPolicy::BINPACK, &weights, order, &mut scores);
+            };
+            let outcome = view.evaluate(cluster, id, req, fallback, &mut scratch).map(
+                |(growth, placement)| {
+                    let key = (view.score_of_growth(growth), fgd_secondary(view, node, req));
+                    (key, placement)
+                },
+            );
+            memo.store(id, generation, outcome);
+        }
+        let Some(outcome) = memo.get(id, generation) else {
+            continue; // stored just above
+        };
+        match outcome {
+            Err(f) => failed.push((id, *f)),
+            Ok((key, _)) => best.offer(*key, id, rng),
+        }
+    }
+    let placement = best.top.and_then(|((score, _), node)| {
+        match memo.get(node, cluster.generation(node)) {
+            Some(Ok((_, placement))) => Some((score, node, placement.clone())),
+            // The winner was offered because its outcome is a placement.
+            _ => None,
+        }
+    });
+    index.remember(memo);
+    match placement {
+        Some((score, node, placement)) => Ok(Decision {
+            node,
+            picks: placement.into_picks(req),
+            score,
+            failed,
+        }),
+        None => Err(ScheduleError::NoNodeFits { failed }),
+    }
+}
+
+/// FGD's tie break between equal node scores. Equal fragmentation growth:
+/// a GPU pod goes to the fuller node (HAMi binpack score), keeping empty
+/// nodes whole; a CPU-only pod goes where CPU is least needed by idle GPUs.
+fn fgd_secondary(index: &FgdIndex, node: &Node, req: &PodRequest) -> f64 {
+    if !index.params().tie_by_fullness {
+        0.0
+    } else if req.wants_gpu() {
+        node_score(node)
+    } else {
+        let free_cpu = node
+            .free_cpu_memory()
+            .map_or(0, |(c, _)| c.saturating_sub(req.cpu_milli));
+        #[allow(clippy::cast_precision_loss)]
+        let per_idle = free_cpu as f64 / (crate::core::fgd::node_idle_milli(node) as f64 + 1.0);
+        per_idle
     }
 }
 
@@ -711,13 +769,13 @@ mod tests {
             milli: 500,
             types: vec![],
         });
-        let idx = FgdIndex::new(&dist, &c);
+        let mut idx = FgdIndex::new(&dist, &c);
         let d = schedule(
             &c,
             &pod(1, 500, 50),
             0..3,
             &cfg,
-            Some(&idx),
+            Some(&mut idx),
             &mut SplitMix64::new(1),
         )
         .unwrap();
@@ -748,7 +806,7 @@ mod tests {
             milli: 1000,
             types: vec![],
         });
-        let idx = FgdIndex::new(&dist, &c);
+        let mut idx = FgdIndex::new(&dist, &c);
         let cfg = SchedulerConfig {
             node_policy: Policy::Fgd,
             ..SchedulerConfig::default()
@@ -761,10 +819,10 @@ mod tests {
         for seed in 0..20 {
             let mut rng = SplitMix64::new(seed);
             // Both placements leave fragmentation unchanged (growth 0).
-            let d = schedule(&c, &pod(1, 1000, 100), 0..2, &cfg, Some(&idx), &mut rng).unwrap();
+            let d = schedule(&c, &pod(1, 1000, 100), 0..2, &cfg, Some(&mut idx), &mut rng).unwrap();
             assert_eq!(d.node, 0, "GPU pod: the fuller node");
             // CPU-only: a has 1 idle GPU for its CPU, b has 2.
-            let d = schedule(&c, &cpu_only, 0..2, &cfg, Some(&idx), &mut rng).unwrap();
+            let d = schedule(&c, &cpu_only, 0..2, &cfg, Some(&mut idx), &mut rng).unwrap();
             assert_eq!(d.node, 0, "CPU-only pod: most CPU per idle GPU");
         }
     }
@@ -889,10 +947,10 @@ mod tests {
             for (i, (p, nums, mem, cores, cpu)) in pods.into_iter().enumerate() {
                 let policy = Policy::ALL[p];
                 let cfg = SchedulerConfig { node_policy: policy, ..SchedulerConfig::default() };
-                let idx = FgdIndex::new(&dist, &c);
+                let mut idx = FgdIndex::new(&dist, &c);
                 let mut req = pod(nums, mem, cores.min(100));
                 req.cpu_milli = cpu;
-                if let Ok(d) = schedule(&c, &req, 0..2, &cfg, Some(&idx), &mut rng) {
+                if let Ok(d) = schedule(&c, &req, 0..2, &cfg, Some(&mut idx), &mut rng) {
                     let node = c.node(d.node).unwrap();
                     let devs = d.pod_devices(node);
                     let host = HostResources { cpu_milli: cpu, memory_mib: 0 };
@@ -902,6 +960,105 @@ mod tests {
                 for n in c.nodes() {
                     for (g, u) in n.gpus.iter().zip(&n.usage) {
                         proptest::prop_assert!(u.used <= g.count && u.usedmem <= g.devmem && u.usedcores <= g.devcore);
+                    }
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// FGD with each node's outcome remembered across decisions decides
+        /// exactly as FGD evaluating every node afresh: the same node, GPUs,
+        /// score, refusals and tie-break draws, through reserves, releases,
+        /// repeated and new requests, a node changed without a refresh
+        /// (compared with the same index holding no outcomes) and workload
+        /// changes (a rebuilt index).
+        #[test]
+        fn fgd_with_remembered_outcomes_decides_as_a_fresh_index(
+            steps in proptest::collection::vec(
+                (0u8..8, 0usize..4, 1u32..3, 0u64..1200, 0u32..110, 0u64..3000, 0usize..50), 1..50),
+            seed in 0u64..1000,
+        ) {
+            let cap = NodeCapacity { cpu_milli: 4000, memory_mib: 1 << 20 };
+            let mut c = Cluster::new(vec![
+                mk_node("a", 2, 3, 1000).with_capacity(cap),
+                mk_node("b", 3, 2, 800).with_capacity(cap),
+                mk_node("c", 1, 4, 1000),
+                mk_node("d", 4, 2, 600).with_capacity(cap),
+            ]);
+            let mut dist = ShapeDistribution::default();
+            dist.observe(Shape { cpu_milli: 1000, memory_mib: 0, gpus: 1, milli: 300, types: vec![] });
+            let cfg = SchedulerConfig { node_policy: Policy::Fgd, ..SchedulerConfig::default() };
+            let mut live = FgdIndex::new(&dist, &c);
+            let mut stale = false;
+            let mut rng = SplitMix64::new(seed);
+            let mut held: Vec<(String, NodeId)> = Vec::new();
+            // A few requests, so the same one comes back and finds its outcomes.
+            let requests: Vec<PodRequest> = steps
+                .iter()
+                .take(4)
+                .map(|&(_, _, nums, mem, cores, cpu, _)| {
+                    let mut req = pod(nums, mem, cores.min(100));
+                    req.cpu_milli = cpu;
+                    req
+                })
+                .collect();
+            for (k, (op, which, nums, mem, cores, cpu, pick)) in steps.into_iter().enumerate() {
+                match op {
+                    // Release a held pod.
+                    0 if !held.is_empty() => {
+                        let (uid, node) = held.remove(pick % held.len());
+                        c.release(&uid);
+                        live.refresh_node(&c, node);
+                    }
+                    // A new shape in the workload: the index is rebuilt.
+                    1 => {
+                        dist.observe(Shape {
+                            cpu_milli: cpu, memory_mib: 0, gpus: nums,
+                            milli: (cores.clamp(1, 100)) * 10, types: vec![],
+                        });
+                        live = FgdIndex::new(&dist, &c);
+                        stale = false;
+                    }
+                    // A node changes behind the index's back.
+                    2 => {
+                        let node = which % c.nodes().len();
+                        let uuid = c.node(node).unwrap().gpus[0].uuid.clone();
+                        let devices: PodDevices = format!("{uuid},NVIDIA,{},10:;", mem % 300 + 1).parse().unwrap();
+                        let uid = format!("s{k}");
+                        if c.reserve(&uid, node, &devices, 0, HostResources::default()).is_ok() {
+                            held.push((uid, node));
+                            stale = true;
+                        }
+                    }
+                    // Schedule a known or a new request.
+                    _ => {
+                        let req = if op % 2 == 0 {
+                            requests[which % requests.len()].clone()
+                        } else {
+                            let mut r = pod(nums, mem, cores.min(100));
+                            r.cpu_milli = cpu;
+                            r
+                        };
+                        let mut cold = live.clone();
+                        cold.forget_outcomes();
+                        let (mut r1, mut r2) = (rng.clone(), rng.clone());
+                        let warm = schedule(&c, &req, 0..4, &cfg, Some(&mut live), &mut rng);
+                        let from_cold = schedule(&c, &req, 0..4, &cfg, Some(&mut cold), &mut r1);
+                        proptest::prop_assert_eq!(&warm, &from_cold);
+                        if !stale {
+                            let mut fresh = FgdIndex::new(&dist, &c);
+                            let from_fresh = schedule(&c, &req, 0..4, &cfg, Some(&mut fresh), &mut r2);
+                            proptest::prop_assert_eq!(&warm, &from_fresh);
+                        }
+                        if let Ok(d) = warm {
+                            let devices = d.pod_devices(c.node(d.node).unwrap());
+                            let host = HostResources { cpu_milli: req.cpu_milli, memory_mib: 0 };
+                            let uid = format!("p{k}");
+                            proptest::prop_assert!(c.reserve(&uid, d.node, &devices, d.init_count(), host).is_ok());
+                            held.push((uid, d.node));
+                            live.refresh_node(&c, d.node);
+                        }
                     }
                 }
             }

@@ -660,7 +660,7 @@ mod tests {
 
         let cluster = Cluster::new(vec![mk_node("a", 2, 10, 1000)]);
         let dist = ShapeDistribution::default();
-        let index = FgdIndex::new(&dist, &cluster);
+        let mut index = FgdIndex::new(&dist, &cluster);
         let cfg = SchedulerConfig {
             node_policy: Policy::Fgd,
             ..SchedulerConfig::default()
@@ -675,7 +675,7 @@ mod tests {
             &pod,
             [0],
             &cfg,
-            Some(&index),
+            Some(&mut index),
             &mut SplitMix64::new(1),
         );
         let Err(ScheduleError::NoNodeFits { failed }) = got else {

@@ -158,7 +158,7 @@ pub fn replay(
             req,
             0..node_count,
             &cfg,
-            index.as_ref(),
+            index.as_mut(),
             &mut tie_rng,
         ) {
             Ok(d) => {
