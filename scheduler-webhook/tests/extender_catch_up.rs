@@ -493,8 +493,16 @@ mod api {
             ("POST", ["api", "v1", "namespaces", ns, "pods", name, "binding"]) => {
                 let node = body["target"]["name"].clone();
                 match s.pods.get_mut(&format!("{ns}/{name}")) {
+                    // As kube-apiserver: a bound pod cannot be bound again.
+                    Some(pod) if !pod["spec"]["nodeName"].is_null() => status(409, "Conflict"),
                     Some(pod) => {
                         pod["spec"]["nodeName"] = node;
+                        let rv: u64 = pod["metadata"]["resourceVersion"]
+                            .as_str()
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        pod["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
                         reply(
                             StatusCode::CREATED,
                             &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
@@ -682,6 +690,69 @@ async fn a_bound_holder_keeps_the_node_until_the_lock_expires() {
 /// A pod placed on a GPU in `mig` mode is bound with the instance its
 /// filter chose, in HAMi's `hami.io/vgpu-mig-allocations` format, in the
 /// same patch as the other allocation annotations; a pod on a `hami-core`
+/// kube-scheduler gave up on a bind (its extender timeout) and placed the
+/// pod again, but the first bind landed meanwhile: the second bind finds
+/// the pod bound and writes nothing, so the annotations stay those of the
+/// node the pod is on (clearing or replacing them left a bound pod its
+/// node-daemon could not allocate, and the node locked, in the
+/// kube-scheduler bench).
+#[tokio::test]
+async fn a_bind_of_a_pod_already_bound_elsewhere_writes_nothing() {
+    use scheduler_webhook::extender::bind::{BindFailure, bind_within};
+    let handle = filtered_to_n1("a");
+    let handle = handle.await;
+    let mut a = slice_pod_json("a");
+    a["apiVersion"] = json!("v1");
+    a["kind"] = json!("Pod");
+    a["metadata"]["resourceVersion"] = json!("20");
+    a["metadata"]["annotations"] = json!({
+        keys::VGPU_NODE: "n2",
+        keys::BIND_TIME: "1760929622",
+        keys::VGPU_DEVICES_ALLOCATED: "GPU-n2-0,NVIDIA,2000,0:;",
+    });
+    a["spec"]["nodeName"] = json!("n2");
+    let before = a.clone();
+    let state = std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
+        node: json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {}}}),
+        pods: [("ns/a".to_owned(), a)].into_iter().collect(),
+        log: Vec::new(),
+    }));
+    let err = bind_within(
+        &api::client(&state),
+        &handle,
+        &binding("a", "n1"),
+        std::time::Duration::ZERO,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, BindFailure::AlreadyBound(n) if n == "n2"),
+        "{err}"
+    );
+    let s = state.lock().await;
+    assert_eq!(s.pods["ns/a"], before, "the pod is untouched");
+    assert!(
+        s.node["metadata"]["annotations"]
+            .get(keys::NODE_LOCK)
+            .is_none(),
+        "no lock taken: {}",
+        s.node
+    );
+    assert!(
+        !s.log
+            .iter()
+            .any(|r| r.starts_with("PATCH") || r.starts_with("POST")),
+        "nothing written: {:?}",
+        s.log
+    );
+    drop(s);
+    assert!(
+        handle.decision("a").await.unwrap().is_none(),
+        "the reservation was released"
+    );
+}
+
 /// GPU carries none.
 #[tokio::test]
 async fn a_bind_on_a_mig_gpu_writes_the_chosen_instance_with_the_other_annotations() {

@@ -24,6 +24,13 @@ use crate::clock::now_unix;
 /// kube-scheduler's 30 s extender timeout. [`bind_within`] takes another.
 pub const LOCK_WAIT: Duration = Duration::from_secs(20);
 
+/// What a bind may spend beyond its lock wait before it creates
+/// `pods/binding`; past that it rolls back instead, so the binding never
+/// lands after kube-scheduler gave up on the bind (its extender timeout,
+/// 30 s by default, is above `LOCK_WAIT` plus this) and placed the pod
+/// elsewhere.
+pub const BIND_MARGIN: Duration = Duration::from_secs(5);
+
 /// Why a bind failed (reported to kube-scheduler in `Error`).
 #[derive(Debug, thiserror::Error)]
 pub enum BindFailure {
@@ -54,6 +61,18 @@ pub enum BindFailure {
         /// How long we waited.
         waited: Duration,
     },
+    /// The pod is already bound (a bind kube-scheduler gave up on landed
+    /// late, or another binder): nothing is written.
+    #[error("pod is already bound to {0}")]
+    AlreadyBound(String),
+    /// The pod changed between our read and our annotation patch (a
+    /// binding landed, or another bind wrote): nothing is written.
+    #[error("pod changed while binding; it will be filtered again")]
+    PodChanged,
+    /// The bind ran past its budget before `pods/binding`: rolled back, so
+    /// no binding lands after kube-scheduler's timeout.
+    #[error("bind took {0:?}, past its budget; rolled back before pods/binding")]
+    Late(Duration),
     /// An API call failed.
     #[error("{step}: {source}")]
     Api {
@@ -112,18 +131,34 @@ pub async fn bind_within(
     }
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
+    let started = Instant::now();
+    let now = now_unix().to_string();
 
     let result = async {
+        // A pod already bound is never written to: its annotations belong
+        // to the bind that bound it.
+        let pod = pods
+            .get(&args.pod_name)
+            .await
+            .map_err(|source| BindFailure::Api {
+                step: "read pod",
+                source,
+            })?;
+        if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            return Err(BindFailure::AlreadyBound(bound));
+        }
         acquire_lock(&nodes, client, args, lock_wait).await?;
         let devices = decided
             .devices
             .try_encode()
             .map_err(|e| BindFailure::Encode(e.to_string()))?;
-        let now = now_unix().to_string();
         // Only pods with MIG instances carry it (HAMi's format); null
         // clears a value from an earlier decision.
         let mig = (!decided.mig.is_empty()).then(|| encode_allocations(&decided.mig));
+        // Guarded by the resourceVersion read above: a binding (or another
+        // bind) landing meanwhile makes it fail with 409.
         let patch = json!({"metadata": {
+            "resourceVersion": pod.metadata.resource_version,
             "labels": {keys::VGPU_NODE: args.node},
             "annotations": {
                 keys::VGPU_NODE: args.node,
@@ -138,16 +173,29 @@ pub async fn bind_within(
                 keys::BIND_ABANDONED: null,
             }
         }});
-        pods.patch(
-            &args.pod_name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(|source| BindFailure::Api {
-            step: "annotate pod",
-            source,
-        })?;
+        match pods
+            .patch(
+                &args.pod_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                return Err(BindFailure::PodChanged);
+            }
+            Err(source) => {
+                return Err(BindFailure::Api {
+                    step: "annotate pod",
+                    source,
+                });
+            }
+        }
+        let spent = started.elapsed();
+        if spent > lock_wait + BIND_MARGIN {
+            return Err(BindFailure::Late(spent));
+        }
         let binding = json!({
             "apiVersion": "v1", "kind": "Binding",
             "metadata": {"name": args.pod_name, "namespace": args.pod_namespace},
@@ -176,16 +224,73 @@ pub async fn bind_within(
         }
         Err(error) => {
             warn!(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, %error, "bind failed; rolling back");
-            rollback(&nodes, &pods, args).await;
+            if rollback(&nodes, &pods, args, &now).await == Rollback::BoundHere {
+                // The binding landed though its answer was lost.
+                model.send(Command::Commit(args.pod_uid.clone())).await?;
+                info!(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, "bound (the binding landed despite the error)");
+                return Ok(());
+            }
             model.send(Command::Release(args.pod_uid.clone())).await?;
             Err(error)
         }
     }
 }
 
-/// Undoes a partial bind: annotations removed, our lock released. Best effort.
-async fn rollback(nodes: &Api<Node>, pods: &Api<Pod>, args: &ExtenderBindingArgs) {
+/// What a rollback found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rollback {
+    /// The pod is bound to our node with our annotations: the bind
+    /// succeeded after all, nothing was undone.
+    BoundHere,
+    /// Undone as far as it was ours (best effort).
+    Undone,
+}
+
+/// Undoes a partial bind: our annotations removed, our lock released. Best
+/// effort. Only what this bind wrote is undone: the annotations are cleared
+/// only while they carry this bind's node and `bind-time` (`stamp`), and
+/// under the resourceVersion they were read at, so a later bind's
+/// annotations (kube-scheduler gave up on this one and placed the pod
+/// again) are never cleared.
+async fn rollback(
+    nodes: &Api<Node>,
+    pods: &Api<Pod>,
+    args: &ExtenderBindingArgs,
+    stamp: &str,
+) -> Rollback {
+    let pod = match pods.get_opt(&args.pod_name).await {
+        Ok(pod) => pod,
+        Err(error) => {
+            warn!(pod = %args.pod_name, %error, "rollback: could not read the pod; leaving its annotations");
+            None
+        }
+    };
+    if let Some(pod) = pod {
+        let annotations = pod.metadata.annotations.as_ref();
+        let ours = annotations.is_some_and(|a| {
+            a.get(keys::VGPU_NODE).map(String::as_str) == Some(args.node.as_str())
+                && a.get(keys::BIND_TIME).map(String::as_str) == Some(stamp)
+        });
+        let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if ours && bound_to == Some(args.node.as_str()) {
+            return Rollback::BoundHere;
+        }
+        if ours {
+            clear_annotations(pods, args, pod.metadata.resource_version).await;
+        }
+    }
+    release_lock(nodes, &args.node, &args.pod_namespace, &args.pod_name).await;
+    Rollback::Undone
+}
+
+/// Removes the allocation annotations, under `resource_version`.
+async fn clear_annotations(
+    pods: &Api<Pod>,
+    args: &ExtenderBindingArgs,
+    resource_version: Option<String>,
+) {
     let clear = json!({"metadata": {
+        "resourceVersion": resource_version,
         "labels": {keys::VGPU_NODE: null},
         "annotations": {
             keys::VGPU_NODE: null, keys::VGPU_TIME: null,
@@ -204,7 +309,6 @@ async fn rollback(nodes: &Api<Node>, pods: &Api<Pod>, args: &ExtenderBindingArgs
     {
         warn!(pod = %args.pod_name, %error, "rollback: could not clear annotations");
     }
-    release_lock(nodes, &args.node, &args.pod_namespace, &args.pod_name).await;
 }
 
 /// Releases the node lock if `namespace/pod` holds it. Best effort.
