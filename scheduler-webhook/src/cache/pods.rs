@@ -76,6 +76,16 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// The node a bind is in flight to: filtered there (`Reserved`) or
+    /// bound there with its annotations not seen yet (`Bound`).
+    #[must_use]
+    pub fn in_flight_to(&self) -> Option<&str> {
+        match self {
+            Self::Reserved(d) | Self::Bound(d) => Some(&d.node),
+            Self::Demand | Self::Allocated { .. } => None,
+        }
+    }
+
     /// Whether the ledger holds slices for a pod at this stage.
     #[must_use]
     pub fn holds(&self) -> bool {
@@ -239,6 +249,9 @@ pub struct PodBook {
     shapes: HashSet<Arc<Shape>>,
     /// Filters so far: each record remembers the count at its last filter.
     filters: u64,
+    /// Per node, the records whose bind is in flight to it
+    /// ([`Stage::in_flight_to`]).
+    in_flight: HashMap<String, u32>,
 }
 
 impl PodBook {
@@ -252,6 +265,7 @@ impl PodBook {
             fragmentation: Fragmentation::default(),
             shapes: HashSet::new(),
             filters: 0,
+            in_flight: HashMap::new(),
         }
     }
 
@@ -630,6 +644,18 @@ impl PodBook {
         {
             return Err("a namespace is charged with no record".to_owned());
         }
+        let mut in_flight: HashMap<String, u32> = HashMap::new();
+        for record in self.records.values() {
+            if let Some(node) = record.stage.in_flight_to() {
+                *in_flight.entry(node.to_owned()).or_default() += 1;
+            }
+        }
+        if in_flight != self.in_flight {
+            return Err(format!(
+                "binds in flight per node {:?}, records {in_flight:?}",
+                self.in_flight
+            ));
+        }
         if workload != *self.fragmentation.workload() {
             return Err("the workload differs from the records' shapes".to_owned());
         }
@@ -712,7 +738,25 @@ impl PodBook {
         if stage != Stage::Demand {
             record.refusal = None;
         }
+        if let Some(node) = record.stage.in_flight_to()
+            && let Some(count) = self.in_flight.get_mut(node)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.in_flight.remove(node);
+            }
+        }
+        if let Some(node) = stage.in_flight_to() {
+            *self.in_flight.entry(node.to_owned()).or_default() += 1;
+        }
         record.stage = stage;
+    }
+
+    /// Whether a bind is in flight to `node` (a pod filtered or bound
+    /// there whose annotations the watch has not shown yet).
+    #[must_use]
+    pub fn bind_in_flight(&self, node: &str) -> bool {
+        self.in_flight.contains_key(node)
     }
 
     /// Marks the node the pod holds slices on (its usage is about to change).

@@ -151,6 +151,8 @@ pub struct ClusterModel {
     handshakes: BTreeMap<String, NodeHandshake>,
     /// Which GPU nodes the handshake lets the filter offer, and the clock.
     health: Health,
+    /// Nodes whose `hami.io/mutex.lock` the watch shows held.
+    locked: HashSet<String>,
     /// Every pod known, with the quota use and the `fgd` workload.
     pods: PodBook,
     /// The pod book's filter count when the current pod relist started.
@@ -223,6 +225,7 @@ impl ClusterModel {
             annotations: HashMap::new(),
             handshakes: BTreeMap::new(),
             health: Health::default(),
+            locked: HashSet::new(),
             pod_relist_mark: 0,
             resolved: Resolved::default(),
         }
@@ -253,6 +256,19 @@ impl ClusterModel {
             pair_scores,
             handshake,
         } = node_annotations(node, &self.config.requests.names.resource_name);
+        let locked = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(proto::hami::keys::NODE_LOCK))
+            .is_some_and(|v| !v.is_empty());
+        if locked {
+            if !self.locked.contains(name) {
+                self.locked.insert(name.to_owned());
+            }
+        } else {
+            self.locked.remove(name);
+        }
         self.health.apply(name, handshake.as_ref());
         match handshake {
             Some(h) => self.handshakes.insert(name.to_owned(), h),
@@ -300,6 +316,7 @@ impl ClusterModel {
             self.pods.node_changed(id);
         }
         self.annotations.remove(name);
+        self.locked.remove(name);
         self.handshakes.remove(name);
         self.health.remove(name);
     }
@@ -585,19 +602,51 @@ impl ClusterModel {
             .node_policy
             .unwrap_or(self.config.scheduler.node_policy)
             == Policy::Fgd;
-        let index = if fgd {
-            Some(self.pods.fgd_index(&self.cluster))
-        } else {
-            None
+        // A node admits one bind at a time (the node lock, held from bind
+        // to Allocate): while others fit, a node with a bind in flight is
+        // not chosen, so a burst spreads instead of queueing on one lock.
+        let busy: Vec<bool> = ids
+            .iter()
+            .map(|&id| {
+                self.cluster.node(id).is_some_and(|n| {
+                    self.locked.contains(&n.name) || self.pods.bind_in_flight(&n.name)
+                })
+            })
+            .collect();
+        let mut idle_decision = None;
+        if busy.contains(&true) && busy.contains(&false) {
+            let idle: Vec<_> = ids
+                .iter()
+                .zip(&busy)
+                .filter(|(_, b)| !**b)
+                .map(|(id, _)| *id)
+                .collect();
+            let index = fgd.then(|| self.pods.fgd_index(&self.cluster));
+            idle_decision = schedule(
+                &self.cluster,
+                &request,
+                idle,
+                &self.config.scheduler,
+                index,
+                &mut self.rng,
+            )
+            .ok();
+        }
+        let result = match idle_decision {
+            Some(decision) => Ok(decision),
+            None => {
+                let index = fgd.then(|| self.pods.fgd_index(&self.cluster));
+                schedule(
+                    &self.cluster,
+                    &request,
+                    ids,
+                    &self.config.scheduler,
+                    index,
+                    &mut self.rng,
+                )
+            }
         };
-        match schedule(
-            &self.cluster,
-            &request,
-            ids,
-            &self.config.scheduler,
-            index,
-            &mut self.rng,
-        ) {
+        match result {
             Ok(decision) => {
                 for (id, why) in &decision.failed {
                     failed.insert(name_of(&self.cluster, *id), why.to_string());

@@ -521,7 +521,15 @@ fn consecutive_fgd_filters_see_each_others_reservations() {
         ));
     }
     model.apply_node(&kube_node("x", 1, 1000)).unwrap();
-    model.apply_node(&kube_node("y", 1, 1000)).unwrap();
+    // y's node lock is held (a bind in flight there), so once p1 is
+    // reserved on x both candidates have one and neither is avoided: the
+    // choice below is fgd's alone.
+    let mut y = kube_node("y", 1, 1000);
+    y.metadata.annotations.as_mut().unwrap().insert(
+        keys::NODE_LOCK.to_owned(),
+        "2025-10-20T03:07:02Z,ns,on-y".to_owned(),
+    );
+    model.apply_node(&y).unwrap();
     model.apply_pod(&allocated(
         slice_pod("on-y", 500, 50),
         "y",
@@ -1138,4 +1146,74 @@ fn an_allocated_pod_holds_the_placement_its_mig_annotation_names() {
     model.apply_pod(&old(r#"{"start":1,"size":2}"#));
     assert_eq!(model.cluster().node(0).unwrap().mig_slices[0], 0b0000_0011);
     model.check().unwrap();
+}
+
+#[test]
+fn a_node_with_a_bind_in_flight_is_chosen_only_when_no_other_fits() {
+    // binpack (the default): the fullest node wins, so a burst would queue
+    // on one node's lock.
+    let mut model = ClusterModel::new(config());
+    for n in ["n1", "n2"] {
+        model.apply_node(&kube_node(n, 1, 1000)).unwrap();
+    }
+    let both = names(&["n1", "n2"]);
+    let first = model.filter(&slice_pod("a", 300, 10), &both);
+    let a_node = placed_on(&first).to_owned();
+    let other = if a_node == "n1" { "n2" } else { "n1" };
+    // a is reserved, then bound: its bind is in flight; b goes elsewhere.
+    assert_eq!(
+        placed_on(&model.filter(&slice_pod("b", 300, 10), &both)),
+        other
+    );
+    model.commit("a").unwrap();
+    assert_eq!(
+        placed_on(&model.filter(&slice_pod("b", 300, 10), &both)),
+        other
+    );
+    model.check().unwrap();
+    // Once a's annotations are seen (bound, allocating) its node is free
+    // of binds in flight, and binpack picks the fuller node again.
+    let devices = format!("GPU-{a_node}-0,NVIDIA,300,10:;");
+    model.apply_pod(&allocated(slice_pod("a", 300, 10), &a_node, &devices));
+    model.apply_pod(&allocated(
+        slice_pod("b", 300, 10),
+        other,
+        &format!("GPU-{other}-0,NVIDIA,300,10:;"),
+    ));
+    let c = model.filter(&slice_pod("c", 300, 10), &both);
+    let c_node = placed_on(&c).to_owned();
+    // Both hold 300 MiB now; with c reserved on one, d goes to the other.
+    let d = model.filter(&slice_pod("d", 300, 10), &both);
+    assert_ne!(placed_on(&d), c_node);
+    model.check().unwrap();
+    // The node lock the watch shows counts as a bind in flight too.
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&kube_node("n1", 1, 1000)).unwrap();
+    let mut locked = kube_node("n2", 1, 1000);
+    locked.metadata.annotations.as_mut().unwrap().insert(
+        keys::NODE_LOCK.to_owned(),
+        "2025-10-20T03:07:02Z,ns,x".to_owned(),
+    );
+    model.apply_node(&locked).unwrap();
+    // n2 locked: n1, though both are empty.
+    for i in 0..3 {
+        let uid = format!("e{i}");
+        assert_eq!(
+            placed_on(&model.filter(&slice_pod(&uid, 300, 10), &both)),
+            "n1"
+        );
+        model.apply_pod(&allocated(
+            slice_pod(&uid, 300, 10),
+            "n1",
+            "GPU-n1-0,NVIDIA,300,10:;",
+        ));
+    }
+    // n1 is full: the locked node is chosen rather than none.
+    assert_eq!(
+        placed_on(&model.filter(&slice_pod("f", 300, 10), &both)),
+        "n2"
+    );
+    // The lock released: no longer avoided.
+    model.apply_node(&kube_node("n2", 1, 1000)).unwrap();
+    assert!(model.locked.is_empty());
 }
