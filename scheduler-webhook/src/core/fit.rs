@@ -383,7 +383,7 @@ fn walk(
 /// [`fit_container`] under the `topology-aware` GPU policy, as HAMi v2.10's
 /// NVIDIA `Fit` does it (`pkg/device/nvidia/device.go`): the walk does not
 /// stop at `nums` but gathers every GPU that passes the checks
-/// ([`Walk::GatherAll`]; a GPU in MIG mode passes when an instance fits
+/// (`Walk::GatherAll`; a GPU in MIG mode passes when an instance fits
 /// around `mig_slices`, as in the default walk). Exactly `nums` gathered
 /// are the picks; more are narrowed by the node's pair scores
 /// ([`Node::pair_score`]):
