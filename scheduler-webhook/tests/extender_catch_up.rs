@@ -526,6 +526,26 @@ mod api {
     }
 }
 
+/// Pod `ns/<uid>` as the API stand-in serves it (kind, version and a
+/// resourceVersion), with no annotations.
+fn api_pod(uid: &str) -> Value {
+    let mut pod = slice_pod_json(uid);
+    pod["apiVersion"] = json!("v1");
+    pod["kind"] = json!("Pod");
+    pod["metadata"]["resourceVersion"] = json!("20");
+    pod
+}
+
+/// The API stand-in with node `n1` unlocked and `pod` (named `ns/<uid>`).
+fn api_with_free_node(uid: &str, pod: Value) -> std::sync::Arc<tokio::sync::Mutex<api::State>> {
+    std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
+        node: json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {}}}),
+        pods: [(format!("ns/{uid}"), pod)].into_iter().collect(),
+        log: Vec::new(),
+    }))
+}
+
 /// The API as a bind finds it: node `n1` locked by `ns/holder` (taken
 /// `lock_age` seconds ago), the holder `Pending` with `bind-phase:
 /// allocating` since `bind_age` seconds and bound to `holder_node`, and the
@@ -544,10 +564,7 @@ fn api_with_holder(
             "annotations": {keys::BIND_PHASE: "allocating", keys::BIND_TIME: (now - bind_age).to_string()}},
         "spec": {"containers": [{"name": "c"}], "nodeName": holder_node},
         "status": {"phase": "Pending"}});
-    let mut a = slice_pod_json("a");
-    a["apiVersion"] = json!("v1");
-    a["kind"] = json!("Pod");
-    a["metadata"]["resourceVersion"] = json!("20");
+    let a = api_pod("a");
     std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
         node: json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {keys::NODE_LOCK: lock}}}),
@@ -701,10 +718,7 @@ async fn a_bind_of_a_pod_already_bound_elsewhere_writes_nothing() {
     use scheduler_webhook::extender::bind::{BindFailure, bind_within};
     let handle = filtered_to_n1("a");
     let handle = handle.await;
-    let mut a = slice_pod_json("a");
-    a["apiVersion"] = json!("v1");
-    a["kind"] = json!("Pod");
-    a["metadata"]["resourceVersion"] = json!("20");
+    let mut a = api_pod("a");
     a["metadata"]["annotations"] = json!({
         keys::VGPU_NODE: "n2",
         keys::BIND_TIME: "1760929622",
@@ -712,12 +726,7 @@ async fn a_bind_of_a_pod_already_bound_elsewhere_writes_nothing() {
     });
     a["spec"]["nodeName"] = json!("n2");
     let before = a.clone();
-    let state = std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
-        node: json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {}}}),
-        pods: [("ns/a".to_owned(), a)].into_iter().collect(),
-        log: Vec::new(),
-    }));
+    let state = api_with_free_node("a", a);
     let err = bind_within(
         &api::client(&state),
         &handle,
@@ -786,16 +795,7 @@ async fn a_bind_on_a_mig_gpu_writes_the_chosen_instance_with_the_other_annotatio
         .await
         .unwrap();
     assert_eq!(placed_on(&placed), Some("n1"), "{placed:?}");
-    let mut a = slice_pod_json("a");
-    a["apiVersion"] = json!("v1");
-    a["kind"] = json!("Pod");
-    a["metadata"]["resourceVersion"] = json!("20");
-    let state = std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
-        node: json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {}}}),
-        pods: [("ns/a".to_owned(), a)].into_iter().collect(),
-        log: Vec::new(),
-    }));
+    let state = api_with_free_node("a", api_pod("a"));
     bind_within(
         &api::client(&state),
         &handle,
@@ -824,16 +824,7 @@ async fn a_bind_on_a_mig_gpu_writes_the_chosen_instance_with_the_other_annotatio
 
     // On a hami-core GPU: no MIG annotation.
     let handle = filtered_to_n1("b").await;
-    let mut b = slice_pod_json("b");
-    b["apiVersion"] = json!("v1");
-    b["kind"] = json!("Pod");
-    b["metadata"]["resourceVersion"] = json!("20");
-    let state = std::sync::Arc::new(tokio::sync::Mutex::new(api::State {
-        node: json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "n1", "resourceVersion": "5", "annotations": {}}}),
-        pods: [("ns/b".to_owned(), b)].into_iter().collect(),
-        log: Vec::new(),
-    }));
+    let state = api_with_free_node("b", api_pod("b"));
     bind_within(
         &api::client(&state),
         &handle,

@@ -752,11 +752,10 @@ impl PodBook {
         record.stage = stage;
     }
 
-    /// Whether a bind is in flight to `node` (a pod filtered or bound
-    /// there whose annotations the watch has not shown yet).
-    #[must_use]
-    pub fn bind_in_flight(&self, node: &str) -> bool {
-        self.in_flight.contains_key(node)
+    /// The nodes a bind is in flight to (a pod filtered or bound there
+    /// whose annotations the watch has not shown yet).
+    pub fn nodes_with_binds_in_flight(&self) -> impl Iterator<Item = &str> {
+        self.in_flight.keys().map(String::as_str)
     }
 
     /// Marks the node the pod holds slices on (its usage is about to change).

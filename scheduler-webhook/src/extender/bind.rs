@@ -132,7 +132,9 @@ pub async fn bind_within(
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &args.pod_namespace);
     let started = Instant::now();
-    let now = now_unix().to_string();
+    // The bind-time this bind writes, once it holds the lock; a rollback
+    // clears only annotations carrying it.
+    let mut stamp: Option<String> = None;
 
     let result = async {
         // A pod already bound is never written to: its annotations belong
@@ -148,6 +150,7 @@ pub async fn bind_within(
             return Err(BindFailure::AlreadyBound(bound));
         }
         acquire_lock(&nodes, client, args, lock_wait).await?;
+        let now = stamp.insert(now_unix().to_string()).clone();
         let devices = decided
             .devices
             .try_encode()
@@ -224,7 +227,7 @@ pub async fn bind_within(
         }
         Err(error) => {
             warn!(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, %error, "bind failed; rolling back");
-            if rollback(&nodes, &pods, args, &now).await == Rollback::BoundHere {
+            if rollback(&nodes, &pods, args, stamp.as_deref()).await == Rollback::BoundHere {
                 // The binding landed though its answer was lost.
                 model.send(Command::Commit(args.pod_uid.clone())).await?;
                 info!(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, "bound (the binding landed despite the error)");
@@ -248,7 +251,8 @@ enum Rollback {
 
 /// Undoes a partial bind: our annotations removed, our lock released. Best
 /// effort. Only what this bind wrote is undone: the annotations are cleared
-/// only while they carry this bind's node and `bind-time` (`stamp`), and
+/// only while they carry this bind's node and `bind-time` (`stamp`; `None`
+/// when it never took the lock, so never wrote them), and
 /// under the resourceVersion they were read at, so a later bind's
 /// annotations (kube-scheduler gave up on this one and placed the pod
 /// again) are never cleared.
@@ -256,7 +260,7 @@ async fn rollback(
     nodes: &Api<Node>,
     pods: &Api<Pod>,
     args: &ExtenderBindingArgs,
-    stamp: &str,
+    stamp: Option<&str>,
 ) -> Rollback {
     let pod = match pods.get_opt(&args.pod_name).await {
         Ok(pod) => pod,
@@ -269,7 +273,8 @@ async fn rollback(
         let annotations = pod.metadata.annotations.as_ref();
         let ours = annotations.is_some_and(|a| {
             a.get(keys::VGPU_NODE).map(String::as_str) == Some(args.node.as_str())
-                && a.get(keys::BIND_TIME).map(String::as_str) == Some(stamp)
+                && stamp.is_some()
+                && a.get(keys::BIND_TIME).map(String::as_str) == stamp
         });
         let bound_to = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
         if ours && bound_to == Some(args.node.as_str()) {

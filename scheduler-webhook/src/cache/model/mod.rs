@@ -605,32 +605,34 @@ impl ClusterModel {
         // A node admits one bind at a time (the node lock, held from bind
         // to Allocate): while others fit, a node with a bind in flight is
         // not chosen, so a burst spreads instead of queueing on one lock.
-        let busy: Vec<bool> = ids
+        // Looked up from the few busy nodes, not per candidate: the filter
+        // scans thousands of candidates.
+        let busy: HashSet<NodeId> = self
+            .locked
             .iter()
-            .map(|&id| {
-                self.cluster.node(id).is_some_and(|n| {
-                    self.locked.contains(&n.name) || self.pods.bind_in_flight(&n.name)
-                })
-            })
+            .map(String::as_str)
+            .chain(self.pods.nodes_with_binds_in_flight())
+            .filter_map(|name| self.cluster.node_id(name))
             .collect();
         let mut idle_decision = None;
-        if busy.contains(&true) && busy.contains(&false) {
-            let idle: Vec<_> = ids
+        if !busy.is_empty() {
+            let idle: Vec<NodeId> = ids
                 .iter()
-                .zip(&busy)
-                .filter(|(_, b)| !**b)
-                .map(|(id, _)| *id)
+                .copied()
+                .filter(|id| !busy.contains(id))
                 .collect();
-            let index = fgd.then(|| self.pods.fgd_index(&self.cluster));
-            idle_decision = schedule(
-                &self.cluster,
-                &request,
-                idle,
-                &self.config.scheduler,
-                index,
-                &mut self.rng,
-            )
-            .ok();
+            if !idle.is_empty() && idle.len() < ids.len() {
+                let index = fgd.then(|| self.pods.fgd_index(&self.cluster));
+                idle_decision = schedule(
+                    &self.cluster,
+                    &request,
+                    idle,
+                    &self.config.scheduler,
+                    index,
+                    &mut self.rng,
+                )
+                .ok();
+            }
         }
         let result = match idle_decision {
             Some(decision) => Ok(decision),
