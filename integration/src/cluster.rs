@@ -317,6 +317,9 @@ pub struct Cluster {
     /// kube-scheduler's configuration from the chart (real control plane).
     scheduler_config: Option<String>,
     plane: Plane,
+    /// The admin client, built once: building one reads the kubeconfig and
+    /// the system's root certificates.
+    client: tokio::sync::OnceCell<kube::Client>,
     tls: (PathBuf, PathBuf),
     dir: tempfile::TempDir,
 }
@@ -759,6 +762,7 @@ impl Cluster {
                 api,
                 scheduler: Some(fake_scheduler),
             },
+            client: tokio::sync::OnceCell::new(),
             tls,
             dir,
         })
@@ -852,6 +856,7 @@ impl Cluster {
             replicas: Vec::new(),
             scheduler_config: Some(installed.scheduler_config),
             plane: Plane::Real(Box::new(plane)),
+            client: tokio::sync::OnceCell::new(),
             tls: installed.tls,
             dir,
         })
@@ -903,6 +908,13 @@ impl Cluster {
     /// # Errors
     /// The client cannot be built.
     pub async fn client(&self) -> Result<kube::Client, ClusterError> {
+        self.client
+            .get_or_try_init(|| self.new_client())
+            .await
+            .cloned()
+    }
+
+    async fn new_client(&self) -> Result<kube::Client, ClusterError> {
         match &self.plane {
             Plane::Fake { api, .. } => api
                 .client()

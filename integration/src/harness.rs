@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -55,28 +55,40 @@ where
     let key = |o: &K| (o.namespace().unwrap_or_default(), o.name_any());
     let waiting = async {
         loop {
-            let Some(event) = stream.next().await else {
+            let Some(first) = stream.next().await else {
                 return Err(HarnessError::WatchEnded(what.to_string()));
             };
-            let Ok(event) = event else { continue };
-            match event {
-                watcher::Event::Init => buffer = Some(BTreeMap::new()),
-                watcher::Event::InitApply(o) => {
-                    if let Some(b) = buffer.as_mut() {
-                        b.insert(key(&o), o);
+            // Every event already waiting is applied before the condition
+            // is evaluated: the list is copied once per burst, not once per
+            // event (a burst of N pod updates would copy N lists of N pods).
+            let mut next = Some(first);
+            let mut ended = false;
+            while let Some(event) = next.take() {
+                match event {
+                    Ok(watcher::Event::Init) => buffer = Some(BTreeMap::new()),
+                    Ok(watcher::Event::InitApply(o)) => {
+                        if let Some(b) = buffer.as_mut() {
+                            b.insert(key(&o), o);
+                        }
                     }
-                }
-                watcher::Event::InitDone => {
-                    if let Some(b) = buffer.take() {
-                        objects = b;
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(b) = buffer.take() {
+                            objects = b;
+                        }
+                        synced = true;
                     }
-                    synced = true;
+                    Ok(watcher::Event::Apply(o)) => {
+                        objects.insert(key(&o), o);
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        objects.remove(&key(&o));
+                    }
+                    Err(_) => {}
                 }
-                watcher::Event::Apply(o) => {
-                    objects.insert(key(&o), o);
-                }
-                watcher::Event::Delete(o) => {
-                    objects.remove(&key(&o));
+                match stream.next().now_or_never() {
+                    Some(Some(event)) => next = Some(event),
+                    Some(None) => ended = true,
+                    None => {}
                 }
             }
             if synced {
@@ -84,6 +96,9 @@ where
                 if condition(&list) {
                     return Ok(list);
                 }
+            }
+            if ended {
+                return Err(HarnessError::WatchEnded(what.to_string()));
             }
         }
     };

@@ -373,6 +373,7 @@ async fn throughput(nodes: usize, control_plane: ControlPlaneKind) -> anyhow::Re
     let (secs, running) = submit_and_settle(&cluster, &pods, Duration::from_secs(900)).await?;
     let rss = rss_kib(std::process::id())
         .map_or_else(|| "n/a".to_owned(), |k| format!("{} MiB", k / 1024));
+    let (report, _) = cluster.check().await?;
     cluster.shutdown().await;
     #[allow(clippy::cast_precision_loss)]
     let rate = running as f64 / secs;
@@ -389,6 +390,16 @@ async fn throughput(nodes: usize, control_plane: ControlPlaneKind) -> anyhow::Re
             "throughput".into(),
             "pods running".into(),
             format!("{running}/{count}"),
+        ),
+        (
+            "throughput".into(),
+            "checker: over-committed GPUs / mismatched containers / unfinished pods".into(),
+            format!(
+                "{} / {} / {}",
+                report.overcommitted.len(),
+                report.mismatched.len(),
+                report.unfinished.len()
+            ),
         ),
         (
             "throughput".into(),

@@ -18,6 +18,7 @@
 pub mod admission;
 pub mod control;
 pub mod http;
+pub mod objects;
 pub mod patch;
 pub mod resources;
 pub mod selector;

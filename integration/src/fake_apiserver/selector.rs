@@ -275,6 +275,15 @@ impl FieldSelector {
         Ok(Self { terms })
     }
 
+    /// The value an `=` (or `==`) term asks of `label`, if one does.
+    #[must_use]
+    pub fn required(&self, label: &str) -> Option<&str> {
+        self.terms
+            .iter()
+            .find(|(l, _, equal)| *equal && l == label)
+            .map(|(_, want, _)| want.as_str())
+    }
+
     /// Whether the object satisfies every term.
     pub fn matches(&self, object: &Value) -> bool {
         self.terms

@@ -13,14 +13,16 @@
 //! deletes its objects at once, pages of a `limit`ed list after the first read
 //! the current state rather than the first page's snapshot.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
+pub use super::objects::ObjectKey;
+use super::objects::Objects;
 use super::patch::{self, PatchFormat};
 use super::resources::{INITIAL_NAMESPACES, ResourceDef};
 use super::selector::Selectors;
@@ -29,19 +31,6 @@ use super::status::{ApiError, Result};
 /// Capacity of the change broadcast; a watch that falls further behind is
 /// ended with a 410 Expired error event, as the real watch cache does.
 const BROADCAST_CAPACITY: usize = 4096;
-
-/// Where an object lives.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    /// API group of the resource.
-    pub group: &'static str,
-    /// Plural resource name.
-    pub plural: &'static str,
-    /// Namespace, `""` for cluster-scoped objects.
-    pub namespace: String,
-    /// Object name.
-    pub name: String,
-}
 
 /// Watch event type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +146,7 @@ pub enum Deleted {
 /// The in-memory store.
 #[derive(Debug)]
 pub struct Store {
-    objects: BTreeMap<ObjectKey, Value>,
+    objects: Objects,
     resource_version: u64,
     history: VecDeque<Arc<StoredEvent>>,
     history_limit: usize,
@@ -341,7 +330,7 @@ impl Store {
     pub fn new(history_limit: usize) -> Self {
         let (changes, _) = broadcast::channel(BROADCAST_CAPACITY);
         let mut store = Self {
-            objects: BTreeMap::new(),
+            objects: Objects::default(),
             resource_version: 0,
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
@@ -628,11 +617,16 @@ impl Store {
         after: Option<(&str, &str)>,
         limit: usize,
     ) -> (Vec<Value>, Option<(String, String)>) {
-        let mut matching = self
-            .objects
-            .iter()
-            .filter(|(k, _)| k.group == def.group && k.plural == def.plural)
-            .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
+        // A bound pod's node is indexed, as in the real watch cache.
+        let on_node = (def.group.is_empty() && def.plural == "pods")
+            .then(|| selectors.fields.required("spec.nodeName"))
+            .flatten()
+            .filter(|n| !n.is_empty());
+        let candidates: Box<dyn Iterator<Item = (&ObjectKey, &Value)>> = match on_node {
+            Some(node) => Box::new(self.objects.pods_on_node(node, namespace)),
+            None => Box::new(self.objects.of_kind(def, namespace)),
+        };
+        let mut matching = candidates
             .filter(|(k, _)| {
                 after.is_none_or(|(ns, name)| (k.namespace.as_str(), k.name.as_str()) > (ns, name))
             })
@@ -990,9 +984,7 @@ impl Store {
         let replay = match start {
             WatchStart::Now => self
                 .objects
-                .iter()
-                .filter(|(k, _)| k.group == def.group && k.plural == def.plural)
-                .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
+                .of_kind(def, namespace)
                 .map(|(k, v)| {
                     let rv = str_at(v, &["metadata", "resourceVersion"])
                         .parse()
