@@ -6,8 +6,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
 use serde_json::{Map, Value, json};
@@ -16,7 +17,8 @@ use crate::epoch::CommitClock;
 use crate::ledger::LiveSnapshot;
 
 use super::{
-    AnnotationPatch, Cluster, ClusterError, ContainerView, PodChange, PodView, lock_releasable_by,
+    AllocatedDevice, AnnotationPatch, ClaimView, Cluster, ClusterError, ContainerView, PodChange,
+    PodView, lock_releasable_by,
 };
 
 /// How many times a conflicting lock release is retried.
@@ -124,6 +126,39 @@ pub fn pod_view(pod: &Pod) -> PodView {
         terminating: meta.deletion_timestamp.is_some(),
         annotations: meta.annotations.clone().unwrap_or_default(),
         containers,
+    }
+}
+
+/// The daemon's view of a `ResourceClaim` object.
+#[must_use]
+pub fn claim_view(claim: &ResourceClaim) -> ClaimView {
+    let meta = &claim.metadata;
+    let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
+    let results = allocation
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| AllocatedDevice {
+            request: r.request.clone(),
+            driver: r.driver.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+            consumed: r
+                .consumed_capacity
+                .iter()
+                .flatten()
+                .map(|(k, q)| (k.clone(), q.0.clone()))
+                .collect(),
+        })
+        .collect();
+    ClaimView {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        allocated: allocation.is_some(),
+        results,
     }
 }
 
@@ -248,6 +283,75 @@ impl Cluster for KubeCluster {
                 .await
                 .map_err(kube_error(what))?;
             Ok(())
+        }
+        .boxed()
+    }
+
+    fn resource_claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ClaimView>, ClusterError>> {
+        async move {
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+            let what = format!("get resourceclaim {namespace}/{name}");
+            let found = retrying(&what, false, || api.get_opt(name))
+                .await
+                .map_err(kube_error(what))?;
+            Ok(found.as_ref().map(claim_view))
+        }
+        .boxed()
+    }
+
+    fn resource_claims(&self) -> BoxFuture<'_, Result<Vec<ClaimView>, ClusterError>> {
+        async move {
+            let api: Api<ResourceClaim> = Api::all(self.client.clone());
+            let params = ListParams::default();
+            let what = "list resourceclaims".to_owned();
+            let list = retrying(&what, false, || api.list(&params))
+                .await
+                .map_err(kube_error(what))?;
+            Ok(list.items.iter().map(claim_view).collect())
+        }
+        .boxed()
+    }
+
+    fn resource_slice<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ResourceSlice>, ClusterError>> {
+        async move {
+            let api: Api<ResourceSlice> = Api::all(self.client.clone());
+            let what = format!("get resourceslice {name}");
+            retrying(&what, false, || api.get_opt(name))
+                .await
+                .map_err(kube_error(what))
+        }
+        .boxed()
+    }
+
+    fn write_resource_slice(
+        &self,
+        slice: ResourceSlice,
+    ) -> BoxFuture<'_, Result<ResourceSlice, ClusterError>> {
+        async move {
+            let api: Api<ResourceSlice> = Api::all(self.client.clone());
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let params = PostParams::default();
+            let (what, result) = if slice.metadata.resource_version.is_some() {
+                let what = format!("replace resourceslice {name}");
+                let result = retrying(&what, false, || api.replace(&name, &params, &slice)).await;
+                (what, result)
+            } else {
+                let what = format!("create resourceslice {name}");
+                let result = retrying(&what, false, || api.create(&params, &slice)).await;
+                (what, result)
+            };
+            match result {
+                Ok(stored) => Ok(stored),
+                Err(e) if is_conflict(&e) => Err(ClusterError::Conflict(what)),
+                Err(e) => Err(kube_error(what)(e)),
+            }
         }
         .boxed()
     }
