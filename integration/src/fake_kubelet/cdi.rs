@@ -188,12 +188,12 @@ mod tests {
             dir.path(),
             "vendor-a.json",
             &json!({"cdiVersion": "0.6.0", "kind": "example.com/gpu",
-                "containerEdits": {"env": ["SHARED=1"]},
-                "devices": [
-                    {"name": "u1", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-a", "LIMIT=3000m"],
-                        "mounts": [{"hostPath": "/h/lib.so", "containerPath": "/c/lib.so", "options": ["ro", "bind"]}]}},
-                    {"name": "u2", "containerEdits": {"env": ["OTHER=1"]}}
-                ]}),
+            "containerEdits": {"env": ["SHARED=1"]},
+            "devices": [
+                {"name": "u1", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-a", "LIMIT=3000m"],
+                    "mounts": [{"hostPath": "/h/lib.so", "containerPath": "/c/lib.so", "options": ["ro", "bind"]}]}},
+                {"name": "u2", "containerEdits": {"env": ["OTHER=1"]}}
+            ]}),
         );
         write(dir.path(), "notes.txt", &json!("ignored"));
         let reply = resolve(dir.path(), &["example.com/gpu=u1".to_owned()]).unwrap();
@@ -221,7 +221,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(
             resolve(dir.path(), &["example.com/gpu=gone".to_owned()]),
-            Err(CdiError::Unresolvable(vec!["example.com/gpu=gone".to_owned()]))
+            Err(CdiError::Unresolvable(vec![
+                "example.com/gpu=gone".to_owned()
+            ]))
         );
         assert_eq!(
             resolve(dir.path(), &["no-kind".to_owned()]),

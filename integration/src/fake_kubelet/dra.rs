@@ -317,8 +317,7 @@ impl DraManager {
                 }
             }
         }
-        let mut answered: BTreeMap<String, BTreeMap<String, Vec<PreparedDevice>>> =
-            BTreeMap::new();
+        let mut answered: BTreeMap<String, BTreeMap<String, Vec<PreparedDevice>>> = BTreeMap::new();
         for (driver, batch) in batches {
             let mut client = self
                 .drivers
@@ -337,7 +336,9 @@ impl DraManager {
                 .into_inner();
             for (claim_uid, result) in response.claims {
                 let asked = batch.iter().find(|c| c.uid == claim_uid).ok_or_else(|| {
-                    format!("NodePrepareResources returned result for unknown claim UID {claim_uid}")
+                    format!(
+                        "NodePrepareResources returned result for unknown claim UID {claim_uid}"
+                    )
                 })?;
                 if !result.error.is_empty() {
                     return Err(format!(
@@ -360,7 +361,11 @@ impl DraManager {
             }
             let unfinished = batch
                 .iter()
-                .filter(|c| !answered.get(&c.uid).is_some_and(|a| a.contains_key(&driver)))
+                .filter(|c| {
+                    !answered
+                        .get(&c.uid)
+                        .is_some_and(|a| a.contains_key(&driver))
+                })
                 .count();
             if unfinished != 0 {
                 return Err(format!(
@@ -422,10 +427,7 @@ impl DraManager {
                 warn!(claim = %claim.name, error = %e, "unpreparing a claim failed");
                 first_error.get_or_insert(e);
                 // Kept, so a later unprepare tries again.
-                self.prepared
-                    .lock()
-                    .await
-                    .insert(claim.uid.clone(), claim);
+                self.prepared.lock().await.insert(claim.uid.clone(), claim);
             }
         }
         first_error.map_or(Ok(()), Err)
@@ -459,9 +461,8 @@ impl DraManager {
                 uid: claim.uid.clone(),
                 name: claim.name.clone(),
             };
-            let mut request = tonic::Request::new(drapb::NodeUnprepareResourcesRequest {
-                claims: vec![wire],
-            });
+            let mut request =
+                tonic::Request::new(drapb::NodeUnprepareResourcesRequest { claims: vec![wire] });
             request.set_timeout(CALL_TIMEOUT);
             let response = client
                 .node_unprepare_resources(request)
@@ -641,14 +642,28 @@ async fn register(socket: &Path) -> Result<(String, Driver), String> {
     let info = reg
         .get_info(regpb::InfoRequest {})
         .await
-        .map_err(|s| format!("GetInfo failed at socket {}: {}", socket.display(), s.message()))?
+        .map_err(|s| {
+            format!(
+                "GetInfo failed at socket {}: {}",
+                socket.display(),
+                s.message()
+            )
+        })?
         .into_inner();
     let checked = validate(&info);
     let outcome = match checked {
-        Ok(()) => dial_within(PathBuf::from(&info.endpoint), super::registration::DIAL_TIMEOUT)
-            .await
-            .map(DraPluginClient::new)
-            .map_err(|e| format!("failed to dial DRA plugin {} at {}: {e}", info.name, info.endpoint)),
+        Ok(()) => dial_within(
+            PathBuf::from(&info.endpoint),
+            super::registration::DIAL_TIMEOUT,
+        )
+        .await
+        .map(DraPluginClient::new)
+        .map_err(|e| {
+            format!(
+                "failed to dial DRA plugin {} at {}: {e}",
+                info.name, info.endpoint
+            )
+        }),
         Err(e) => Err(e),
     };
     let status = regpb::RegistrationStatus {
@@ -792,6 +807,10 @@ mod tests {
                 .unwrap_err()
                 .contains("none of services supported by the plugin")
         );
-        assert!(validate(&info("DRAPlugin", &[])).unwrap_err().contains("empty list"));
+        assert!(
+            validate(&info("DRAPlugin", &[]))
+                .unwrap_err()
+                .contains("empty list")
+        );
     }
 }

@@ -528,14 +528,17 @@ async fn prepare_then_write(
                 warn!(%error, pod = %admission.name, "preparing dynamic resources failed; retrying");
                 if !warned {
                     warned = true;
-                    let message = format!("Failed to prepare dynamic resources: prepare dynamic resources: {error}");
+                    let message = format!(
+                        "Failed to prepare dynamic resources: prepare dynamic resources: {error}"
+                    );
                     record_event(&client, &node, &admission, FAILED_PREPARE, &message).await;
                 }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
                 match pods.get_opt(&admission.name).await {
-                    Ok(Some(p)) if p.metadata.uid.as_deref() == Some(admission.uid.as_str())
-                        && p.metadata.deletion_timestamp.is_none() =>
+                    Ok(Some(p))
+                        if p.metadata.uid.as_deref() == Some(admission.uid.as_str())
+                            && p.metadata.deletion_timestamp.is_none() =>
                     {
                         pod = p;
                     }
