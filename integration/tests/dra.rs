@@ -9,8 +9,9 @@
 //! memory or cores over capacity, every container's env equal to its claim's
 //! allocation.
 //!
-//! Each test skips, saying why, when the binaries are not built; `.ci/run`
-//! builds them first. No sleeps: every wait is a watch with a generous
+//! They run with `GPUSLICE_CONTROL_PLANE=real` (the step of `.ci/run` that
+//! runs the end-to-end tests on the real control plane) and skip, saying
+//! why, otherwise or when the binaries are not built. No sleeps: every wait is a watch with a generous
 //! deadline; nothing asserts on time (the burst prints its figure).
 
 #![allow(
@@ -45,6 +46,13 @@ fn init_logs() {
 }
 
 async fn start(test: &str, nodes: usize, gpus_per_node: u32) -> Option<Cluster> {
+    if ControlPlaneKind::from_env() != ControlPlaneKind::Real {
+        eprintln!(
+            "SKIPPED {test}: DRA mode runs on the real control plane; set {}=real",
+            ControlPlaneKind::ENV
+        );
+        return None;
+    }
     Binaries::for_test(test)?;
     init_logs();
     let cluster = Cluster::start(ClusterSpec {
