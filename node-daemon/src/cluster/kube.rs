@@ -435,6 +435,30 @@ mod tests {
     }
 
     #[test]
+    fn claim_view_reads_the_allocation_results_and_consumed_capacity() {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": "n1", "device": "gpu-0",
+                 "shareID": "s-1", "consumedCapacity": {"memory": "3000Mi", "cores": "30"}},
+                {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": "n1", "device": "gpu-1"}
+            ]}}}
+        }))
+        .unwrap();
+        let view = claim_view(&claim);
+        assert!(view.allocated);
+        assert_eq!((view.namespace.as_str(), view.uid.as_str()), ("ns", "u1"));
+        assert_eq!(view.results.len(), 2);
+        assert_eq!(view.results[0].share_id.as_deref(), Some("s-1"));
+        assert_eq!(view.results[0].consumed["memory"], "3000Mi");
+        assert!(view.results[1].consumed.is_empty());
+        let pending: ResourceClaim =
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {}})).unwrap();
+        assert!(!claim_view(&pending).allocated);
+    }
+
+    #[test]
     fn annotation_patch_removes_with_null() {
         let patch: AnnotationPatch = [
             ("x".to_owned(), None),
