@@ -404,11 +404,26 @@ async fn the_slice_is_written_on_change_only_and_leaves_out_unhealthy_gpus() {
     assert_eq!(cluster.slice(SLICE).unwrap().spec.pool.generation, 3);
     assert_eq!(cluster.subscribe().borrow().slice_writes, 3);
 
+    // The kubelet wipes the node's slices (as at its start): written again,
+    // the generation still growing.
+    cluster.delete_slice(SLICE);
+    node.wait_cluster("the slice back after a wipe", |s| {
+        s.slices
+            .get(SLICE)
+            .is_some_and(|s| s.spec.pool.generation == 4)
+    })
+    .await;
+    assert_eq!(
+        device_names(cluster.slice(SLICE).as_ref()),
+        ["gpu-0", "gpu-1"]
+    );
+    assert_eq!(cluster.subscribe().borrow().slice_writes, 4);
+
     // A restart finds the slice as it should be and writes nothing.
     let dir = node.stop().await;
     let node = Node::start(cluster.clone(), Some(dir)).await;
     let _ = node.kubelet().await;
     node.stop().await;
-    assert_eq!(cluster.subscribe().borrow().slice_writes, 3);
-    assert_eq!(cluster.slice(SLICE).unwrap().spec.pool.generation, 3);
+    assert_eq!(cluster.subscribe().borrow().slice_writes, 4);
+    assert_eq!(cluster.slice(SLICE).unwrap().spec.pool.generation, 4);
 }

@@ -356,6 +356,40 @@ impl Cluster for KubeCluster {
         .boxed()
     }
 
+    /// A watch on the one object (field selector `metadata.name`): each
+    /// event yields the object, a deletion `None`, a (re)list the object
+    /// found or `None`.
+    fn resource_slice_changes(&self, name: &str) -> BoxStream<'static, Option<ResourceSlice>> {
+        use kube::runtime::WatchStreamExt as _;
+        use kube::runtime::watcher::{self, Event};
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut listed: Option<ResourceSlice> = None;
+        watcher::watcher(api, config)
+            .default_backoff()
+            .filter_map(move |event| {
+                let change = match event {
+                    Ok(Event::Apply(slice)) => Some(Some(slice)),
+                    Ok(Event::Delete(_)) => Some(None),
+                    Ok(Event::Init) => {
+                        listed = None;
+                        None
+                    }
+                    Ok(Event::InitApply(slice)) => {
+                        listed = Some(slice);
+                        None
+                    }
+                    Ok(Event::InitDone) => Some(listed.take()),
+                    Err(error) => {
+                        tracing::warn!(%error, "resourceslice watch error; retrying");
+                        None
+                    }
+                };
+                futures::future::ready(change)
+            })
+            .boxed()
+    }
+
     /// The relist's snapshot is stamped when the watcher announces it
     /// (`Event::Init`, yielded before the LIST is requested), and the LIST
     /// is a quorum read (`ListSemantic::MostRecent`): a list served from
