@@ -364,8 +364,12 @@ async fn a_restart_rebuilds_the_ledgers_from_the_allocated_claims() {
     assert!(big.error.contains("5360 MiB free"), "{}", big.error);
     cluster.put_claim(claim("fits", NODE, &[("gpu-1", Some("15360Mi"), None)]));
     assert_eq!(prepare(&mut plugin, "fits").await.error, "");
-    // The prepared claim survives a restart of the daemon.
+    // The prepared claim survives a restart of the daemon; the spec of a
+    // claim no longer allocated here is removed, others' files are kept.
     let dir = node.stop().await;
+    let cdi = dir.path().join("cdi");
+    std::fs::write(cdi.join("gpuslice.dev-uid-gone.json"), "{}").unwrap();
+    std::fs::write(cdi.join("other-vendor.json"), "{}").unwrap();
     let node = Node::start(cluster.clone(), Some(dir)).await;
     let (_, mut plugin) = node.kubelet().await;
     cluster.put_claim(claim("small", NODE, &[("gpu-1", Some("1Mi"), None)]));
@@ -376,6 +380,9 @@ async fn a_restart_rebuilds_the_ledgers_from_the_allocated_claims() {
         "",
         "a replay after restart"
     );
+    assert!(node.cdi_file("uid-fits").exists());
+    assert!(!node.cdi_file("uid-gone").exists());
+    assert!(node.dir.path().join("cdi/other-vendor.json").exists());
     node.stop().await;
 }
 
