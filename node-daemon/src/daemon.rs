@@ -342,6 +342,21 @@ async fn run_dra(
         claims = rebuilt,
         "ledgers rebuilt from the allocated ResourceClaims"
     );
+    let allocated: std::collections::BTreeSet<String> = claims
+        .iter()
+        .filter(|c| crate::dra::claims::allocated_to(c, &node))
+        .map(|c| c.uid.clone())
+        .collect();
+    match crate::dra::cdi::remove_stale_specs(&settings.cdi_dir, &allocated).await {
+        Ok(0) => {}
+        Ok(removed) => info!(
+            removed,
+            "CDI specs of claims no longer allocated here removed"
+        ),
+        Err(error) => {
+            warn!(%error, dir = %settings.cdi_dir.display(), "cannot clean the CDI folder")
+        }
+    }
     let gpu_pool = GpuPool::start(ledgers, clock);
     let (inventory_tx, inventory) = watch::channel::<Inventory>(Arc::new(gpus));
     let _health = HealthActor::start_on(inventory_tx, devices.health_events()?);

@@ -364,8 +364,12 @@ async fn a_restart_rebuilds_the_ledgers_from_the_allocated_claims() {
     assert!(big.error.contains("5360 MiB free"), "{}", big.error);
     cluster.put_claim(claim("fits", NODE, &[("gpu-1", Some("15360Mi"), None)]));
     assert_eq!(prepare(&mut plugin, "fits").await.error, "");
-    // The prepared claim survives a restart of the daemon.
+    // The prepared claim survives a restart of the daemon; the spec of a
+    // claim no longer allocated here is removed, others' files are kept.
     let dir = node.stop().await;
+    let cdi = dir.path().join("cdi");
+    std::fs::write(cdi.join("gpuslice.dev-uid-gone.json"), "{}").unwrap();
+    std::fs::write(cdi.join("other-vendor.json"), "{}").unwrap();
     let node = Node::start(cluster.clone(), Some(dir)).await;
     let (_, mut plugin) = node.kubelet().await;
     cluster.put_claim(claim("small", NODE, &[("gpu-1", Some("1Mi"), None)]));
@@ -376,6 +380,9 @@ async fn a_restart_rebuilds_the_ledgers_from_the_allocated_claims() {
         "",
         "a replay after restart"
     );
+    assert!(node.cdi_file("uid-fits").exists());
+    assert!(!node.cdi_file("uid-gone").exists());
+    assert!(node.dir.path().join("cdi/other-vendor.json").exists());
     node.stop().await;
 }
 
@@ -404,11 +411,26 @@ async fn the_slice_is_written_on_change_only_and_leaves_out_unhealthy_gpus() {
     assert_eq!(cluster.slice(SLICE).unwrap().spec.pool.generation, 3);
     assert_eq!(cluster.subscribe().borrow().slice_writes, 3);
 
+    // The kubelet wipes the node's slices (as at its start): written again,
+    // the generation still growing.
+    cluster.delete_slice(SLICE);
+    node.wait_cluster("the slice back after a wipe", |s| {
+        s.slices
+            .get(SLICE)
+            .is_some_and(|s| s.spec.pool.generation == 4)
+    })
+    .await;
+    assert_eq!(
+        device_names(cluster.slice(SLICE).as_ref()),
+        ["gpu-0", "gpu-1"]
+    );
+    assert_eq!(cluster.subscribe().borrow().slice_writes, 4);
+
     // A restart finds the slice as it should be and writes nothing.
     let dir = node.stop().await;
     let node = Node::start(cluster.clone(), Some(dir)).await;
     let _ = node.kubelet().await;
     node.stop().await;
-    assert_eq!(cluster.subscribe().borrow().slice_writes, 3);
-    assert_eq!(cluster.slice(SLICE).unwrap().spec.pool.generation, 3);
+    assert_eq!(cluster.subscribe().borrow().slice_writes, 4);
+    assert_eq!(cluster.slice(SLICE).unwrap().spec.pool.generation, 4);
 }

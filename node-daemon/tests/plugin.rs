@@ -814,6 +814,13 @@ impl Cluster for GatedCluster {
     ) -> BoxFuture<'_, Result<ResourceSlice, ClusterError>> {
         self.inner.write_resource_slice(slice)
     }
+
+    fn resource_slice_changes(
+        &self,
+        name: &str,
+    ) -> futures::stream::BoxStream<'static, Option<ResourceSlice>> {
+        self.inner.resource_slice_changes(name)
+    }
 }
 
 #[actix::test]

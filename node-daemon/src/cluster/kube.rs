@@ -356,6 +356,40 @@ impl Cluster for KubeCluster {
         .boxed()
     }
 
+    /// A watch on the one object (field selector `metadata.name`): each
+    /// event yields the object, a deletion `None`, a (re)list the object
+    /// found or `None`.
+    fn resource_slice_changes(&self, name: &str) -> BoxStream<'static, Option<ResourceSlice>> {
+        use kube::runtime::WatchStreamExt as _;
+        use kube::runtime::watcher::{self, Event};
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut listed: Option<ResourceSlice> = None;
+        watcher::watcher(api, config)
+            .default_backoff()
+            .filter_map(move |event| {
+                let change = match event {
+                    Ok(Event::Apply(slice)) => Some(Some(slice)),
+                    Ok(Event::Delete(_)) => Some(None),
+                    Ok(Event::Init) => {
+                        listed = None;
+                        None
+                    }
+                    Ok(Event::InitApply(slice)) => {
+                        listed = Some(slice);
+                        None
+                    }
+                    Ok(Event::InitDone) => Some(listed.take()),
+                    Err(error) => {
+                        tracing::warn!(%error, "resourceslice watch error; retrying");
+                        None
+                    }
+                };
+                futures::future::ready(change)
+            })
+            .boxed()
+    }
+
     /// The relist's snapshot is stamped when the watcher announces it
     /// (`Event::Init`, yielded before the LIST is requested), and the LIST
     /// is a quorum read (`ListSemantic::MostRecent`): a list served from
@@ -432,6 +466,30 @@ mod tests {
         assert!(view.terminating);
         assert_eq!((view.uid.as_str(), view.phase.as_str()), ("u1", "Pending"));
         assert_eq!(view.annotation("a"), Some("b"));
+    }
+
+    #[test]
+    fn claim_view_reads_the_allocation_results_and_consumed_capacity() {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": "n1", "device": "gpu-0",
+                 "shareID": "s-1", "consumedCapacity": {"memory": "3000Mi", "cores": "30"}},
+                {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": "n1", "device": "gpu-1"}
+            ]}}}
+        }))
+        .unwrap();
+        let view = claim_view(&claim);
+        assert!(view.allocated);
+        assert_eq!((view.namespace.as_str(), view.uid.as_str()), ("ns", "u1"));
+        assert_eq!(view.results.len(), 2);
+        assert_eq!(view.results[0].share_id.as_deref(), Some("s-1"));
+        assert_eq!(view.results[0].consumed["memory"], "3000Mi");
+        assert!(view.results[1].consumed.is_empty());
+        let pending: ResourceClaim =
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {}})).unwrap();
+        assert!(!claim_view(&pending).allocated);
     }
 
     #[test]

@@ -89,6 +89,13 @@ impl MemoryCluster {
         self.state.borrow().slices.get(name).cloned()
     }
 
+    /// Deletes the `ResourceSlice` `name` (as the kubelet does at its start).
+    pub fn delete_slice(&self, name: &str) {
+        self.state.send_modify(|s| {
+            s.slices.remove(name);
+        });
+    }
+
     /// Sets (or with `None` removes) a node annotation.
     pub fn set_node_annotation_now(&self, node: &str, key: &str, value: Option<&str>) {
         self.state.send_modify(|s| {
@@ -284,6 +291,30 @@ impl Cluster for MemoryCluster {
             true
         });
         futures::future::ready(result).boxed()
+    }
+
+    /// The slice now, then after every change of it (by `resourceVersion`).
+    fn resource_slice_changes(&self, name: &str) -> BoxStream<'static, Option<ResourceSlice>> {
+        let name = name.to_owned();
+        let rx = self.state.subscribe();
+        let version =
+            |s: &Option<ResourceSlice>| s.as_ref().map(|s| s.metadata.resource_version.clone());
+        futures::stream::unfold((rx, None, true), move |(mut rx, seen, first)| {
+            let name = name.clone();
+            async move {
+                loop {
+                    if !first {
+                        rx.changed().await.ok()?;
+                    }
+                    let now = rx.borrow_and_update().slices.get(&name).cloned();
+                    if first || version(&now) != seen {
+                        let seen = version(&now);
+                        return Some((now, (rx, seen, false)));
+                    }
+                }
+            }
+        })
+        .boxed()
     }
 
     fn set_node_annotation<'a>(

@@ -208,6 +208,13 @@ pub trait Cluster: Send + Sync + 'static {
         slice: ResourceSlice,
     ) -> BoxFuture<'_, Result<ResourceSlice, ClusterError>>;
 
+    /// The `ResourceSlice` `name` as it is now and after each change, from
+    /// now on (a watch; `None` while it does not exist; errors are retried
+    /// inside the stream). The kubelet deletes a node's slices when it
+    /// starts and when a driver stays unregistered, so the publisher must
+    /// see that.
+    fn resource_slice_changes(&self, name: &str) -> BoxStream<'static, Option<ResourceSlice>>;
+
     /// Pods of `node` going away, from now on (a watch; errors are retried
     /// inside the stream). Each [`PodChange::Live`] is stamped with
     /// `clock`'s reading taken before its list was requested, and the list

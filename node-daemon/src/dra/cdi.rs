@@ -41,3 +41,36 @@ pub async fn remove_spec(dir: &Path, claim_uid: &str) -> std::io::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// Removes the claim spec files in `dir` (`gpuslice.dev-<uid>.json`) of
+/// claims not in `keep` (left by claims unprepared or deallocated while
+/// the daemon was down); how many were removed. A missing folder is empty.
+///
+/// # Errors
+/// The folder cannot be read, or a file cannot be removed.
+pub async fn remove_stale_specs(
+    dir: &Path,
+    keep: &std::collections::BTreeSet<String>,
+) -> std::io::Result<usize> {
+    let mut entries = match tokio::fs::read_dir(dir).await {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut removed = 0;
+    while let Some(entry) = entries.next_entry().await? {
+        let name = entry.file_name();
+        let Some(uid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("gpuslice.dev-"))
+            .and_then(|n| n.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        if !keep.contains(uid) {
+            tokio::fs::remove_file(entry.path()).await?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}

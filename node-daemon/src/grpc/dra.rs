@@ -6,6 +6,10 @@
 //! watcher finds the registration socket, calls `GetInfo`, dials the
 //! endpoint it names, and reports with `NotifyRegistrationStatus`.
 //!
+//! The registration socket's connections go through
+//! [`super::authority`]: the kubelet's plugin watcher sends the socket's
+//! path as `:authority`, which our HTTP/2 server would refuse.
+//!
 //! Both sockets are served until shutdown (a stale file is removed first;
 //! the folders are created), then drained (in-flight calls finish) and
 //! removed. A kubelet restart needs nothing from us: its watcher finds the
@@ -16,7 +20,7 @@ use std::path::{Path, PathBuf};
 use futures::future::join_all;
 use proto::dra::v1 as dra;
 use proto::pluginregistration::v1 as reg;
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
@@ -189,6 +193,54 @@ fn bind(path: &Path) -> Result<UnixListener, PluginError> {
     UnixListener::bind(path).map_err(error)
 }
 
+/// The connections accepted on `listener`, each handed to the server
+/// through a socket pair whose client-to-server direction goes through
+/// [`super::authority::rewrite_client_to_server`]; ends at shutdown.
+fn rewritten(
+    listener: UnixListener,
+    mut shutdown: watch::Receiver<bool>,
+) -> tokio_stream::wrappers::UnboundedReceiverStream<std::io::Result<UnixStream>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let client = tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((client, _)) => client,
+                    Err(error) => {
+                        warn!(%error, "registration socket: accept failed");
+                        continue;
+                    }
+                },
+            };
+            let (ours, theirs) = match UnixStream::pair() {
+                Ok(pair) => pair,
+                Err(error) => {
+                    warn!(%error, "registration socket: no socket pair");
+                    continue;
+                }
+            };
+            if tx.send(Ok(theirs)).is_err() {
+                return;
+            }
+            let (client_read, mut client_write) = client.into_split();
+            let (mut ours_read, ours_write) = ours.into_split();
+            tokio::spawn(async move {
+                if let Err(error) =
+                    super::authority::rewrite_client_to_server(client_read, ours_write).await
+                {
+                    warn!(%error, "registration connection ended with an error");
+                }
+            });
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut ours_read, &mut client_write).await;
+                let _ = tokio::io::AsyncWriteExt::shutdown(&mut client_write).await;
+            });
+        }
+    });
+    tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
+}
+
 /// Serves the DRA plugin, then the registration socket, until `shutdown`
 /// turns true; drains both and removes their files.
 ///
@@ -223,7 +275,7 @@ pub async fn serve(
             },
         ))
         .serve_with_incoming_shutdown(
-            UnixListenerStream::new(registration_listener),
+            rewritten(registration_listener, shutdown.clone()),
             stop(shutdown.clone()),
         );
     info!(

@@ -5,6 +5,7 @@
 //! kubelet restarts, drain and remove the socket on shutdown); in DRA mode,
 //! [`dra`] (the kubelet DRA plugin and its registration socket).
 
+pub mod authority;
 pub mod dra;
 pub mod plugin;
 pub mod registration;
