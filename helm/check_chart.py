@@ -355,37 +355,8 @@ def unknown_scheduler_keys(cfg):
     return problems
 
 
-def check_wiring(manifest):
-    import base64
-
-    docs = load_docs(manifest)
-    problems = []
-    by = {}
-    for d in docs:
-        by.setdefault(d["kind"], []).append(d)
-
-    def one(kind, pred=lambda d: True):
-        found = [d for d in by.get(kind, []) if pred(d)]
-        if len(found) != 1:
-            problems.append(f"expected one {kind}, found {len(found)}")
-            return None
-        return found[0]
-
-    deploy = one("Deployment")
-    if deploy is None:
-        fail(problems)
-    spec = deploy["spec"]["template"]["spec"]
-    ctrs = {c["name"]: c for c in spec["containers"]}
-    sw, ks = ctrs.get("scheduler-webhook"), ctrs.get("kube-scheduler")
-    if not sw or not ks:
-        fail(problems + ["scheduler pod lacks scheduler-webhook or kube-scheduler"])
-    flags = flag_values(sw["command"])
-    name = flags.get("scheduler-name")
-    ns = deploy["metadata"]["namespace"]
-    listen_port = int(flags["listen"].rsplit(":", 1)[1])
-    metrics_port = int(flags["metrics-listen"].rsplit(":", 1)[1])
-
-    # kube-scheduler configuration.
+def check_scheduler_config(docs, deploy, ks, flags, name, ns, listen_port, resources, problems):
+    """device-plugin mode: kube-scheduler's profile, Lease and extender."""
     cfg_path = next(a.split("=", 1)[1] for a in ks["command"] if a.startswith("--config="))
     cfg_text = mounted_file(docs, deploy, ks, cfg_path)
     if cfg_text is None:
@@ -416,9 +387,76 @@ def check_wiring(manifest):
         if ext.get(k) != v:
             problems.append(f"extender {k} = {ext.get(k)!r}, want {v!r}")
     managed = {m["name"] for m in ext["managedResources"] if m.get("ignoredByScheduler")}
-    resources = {v for k, v in flags.items() if k.startswith("resource-")}
     if managed != resources or len(resources) != 5:
         problems.append(f"managedResources {sorted(managed)} != resource flags {sorted(resources)}")
+
+
+def check_dra_wiring(by, flags, problems):
+    """mode dra: the DeviceClass, and the RBAC the webhook and node-daemon need."""
+    classes = by.get("DeviceClass", [])
+    if len(classes) != 1 or classes[0]["metadata"]["name"] != "gpu.gpuslice.dev":
+        problems.append(f"mode dra renders {len(classes)} DeviceClass(es), want gpu.gpuslice.dev")
+    else:
+        spec = classes[0]["spec"]
+        if spec.get("selectors") != [{"cel": {"expression": 'device.driver == "gpu.gpuslice.dev"'}}]:
+            problems.append(f"DeviceClass selectors {spec.get('selectors')}")
+        if spec.get("extendedResourceName") != flags.get("resource-name"):
+            problems.append("DeviceClass extendedResourceName differs from --resource-name")
+
+    def grants(resource, verbs):
+        return any(
+            resource in r.get("resources", []) and set(verbs) <= set(r.get("verbs", []))
+            and "resource.k8s.io" in r.get("apiGroups", [])
+            for role in by.get("ClusterRole", []) for r in role["rules"]
+        )
+
+    for resource, verbs in (("resourceclaimtemplates", ["create"]),
+                            ("resourceslices", ["get", "create", "update"]),
+                            ("resourceclaims", ["get", "list", "watch"])):
+        if not grants(resource, verbs):
+            problems.append(f"no ClusterRole grants {verbs} on {resource}")
+    if any("kubescheduler.config.k8s.io" in (d.get("data") or {}).get("config.yaml", "")
+           for d in by.get("ConfigMap", [])):
+        problems.append("mode dra renders a kube-scheduler configuration")
+
+
+def check_wiring(manifest):
+    import base64
+
+    docs = load_docs(manifest)
+    problems = []
+    by = {}
+    for d in docs:
+        by.setdefault(d["kind"], []).append(d)
+
+    def one(kind, pred=lambda d: True):
+        found = [d for d in by.get(kind, []) if pred(d)]
+        if len(found) != 1:
+            problems.append(f"expected one {kind}, found {len(found)}")
+            return None
+        return found[0]
+
+    deploy = one("Deployment")
+    if deploy is None:
+        fail(problems)
+    spec = deploy["spec"]["template"]["spec"]
+    ctrs = {c["name"]: c for c in spec["containers"]}
+    sw, ks = ctrs.get("scheduler-webhook"), ctrs.get("kube-scheduler")
+    flags = flag_values(sw["command"]) if sw else {}
+    dra = flags.get("mode") == "dra"
+    if not sw or (not ks and not dra):
+        fail(problems + ["scheduler pod lacks scheduler-webhook or kube-scheduler"])
+    if dra and ks:
+        problems.append("mode dra renders a kube-scheduler container (the cluster's own allocates)")
+    name = flags.get("scheduler-name")
+    ns = deploy["metadata"]["namespace"]
+    listen_port = int(flags["listen"].rsplit(":", 1)[1])
+    metrics_port = int(flags["metrics-listen"].rsplit(":", 1)[1])
+    resources = {v for k, v in flags.items() if k.startswith("resource-")}
+    if dra:
+        check_dra_wiring(by, flags, problems)
+    else:
+        check_scheduler_config(docs, deploy, ks, flags, name, ns, listen_port, resources, problems)
 
     # Ports, probes, Service and webhook.
     ports = {p["name"]: p["containerPort"] for p in sw.get("ports", [])}
@@ -491,7 +529,7 @@ def check_wiring(manifest):
     # RBAC of the Lease.
     role = next((d for d in by.get("Role", []) if any(
         "leases" in r.get("resources", []) for r in d["rules"])), None)
-    if role is None or not any(name in r.get("resourceNames", []) for r in role["rules"]):
+    if not dra and (role is None or not any(name in r.get("resourceNames", []) for r in role["rules"])):
         problems.append(f"no Role grants the Lease {name}")
 
     # node-daemon: socket folder mounted where the config says.
@@ -501,15 +539,22 @@ def check_wiring(manifest):
         path = next(a.split("=", 1)[1] for a in c["command"] if a.startswith("--config="))
         conf = yaml.safe_load(mounted_file(docs, ds, c, path) or "{}")
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
-        for key in ("devicePluginDir",):
-            if conf.get(key) not in mounts:
+        if dra != (conf.get("mode") == "dra"):
+            problems.append(f"node-daemon mode {conf.get('mode')} differs from the webhook's {flags.get('mode')}")
+        keys = ("draPluginDir", "pluginRegistryDir", "cdiDir") if dra else ("devicePluginDir",)
+        for key in keys:
+            value = str(conf.get(key))
+            if not any(value == m or value.startswith(m.rstrip("/") + "/") for m in mounts):
                 problems.append(f"node-daemon {key} {conf.get(key)} is not mounted")
         if f"{conf.get('hookPath', '').rstrip('/')}/vgpu" not in mounts:
             problems.append("node-daemon <hookPath>/vgpu is not mounted at the same path")
         if conf.get("resourceName") not in resources:
             problems.append("node-daemon resourceName differs from the scheduler's")
     fail(problems)
-    print(f"  ok: scheduler profile/Lease/extender/webhook/Service/RBAC agree (scheduler {name}, port {listen_port})")
+    if dra:
+        print(f"  ok: mode dra: DeviceClass, webhook/Service, node-daemon folders and DRA RBAC agree (port {listen_port})")
+    else:
+        print(f"  ok: scheduler profile/Lease/extender/webhook/Service/RBAC agree (scheduler {name}, port {listen_port})")
 
 
 # ---------------------------------------------------------------- HAMi-core install

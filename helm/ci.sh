@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Chart CI for gpuslice: lint, render, validate against Kubernetes 1.33 schemas, and check that
-# every flag/env the chart passes exists in the binaries. Exits non-zero on the first failure.
+# Chart CI for gpuslice: lint, render, validate against Kubernetes 1.33 schemas (mode dra: 1.37),
+# and check that every flag/env the chart passes exists in the binaries, for both modes. Exits non-zero on the first failure.
 #
 # Needs python3 with pip, openssl, and a Rust toolchain (only when target/debug lacks
 # up-to-date scheduler-webhook, node-daemon or fake-apiserver binaries);
@@ -34,25 +34,30 @@ export PYTHONPATH="$TOOLS/py${PYTHONPATH:+:$PYTHONPATH}"
 kubernetes-validate() { python3 -m kubernetes_validate "$@"; }
 echo "kubernetes-validate $(kubernetes-validate --version)"
 
-VALUE_SETS=(default all-features)
-values_args() {  # the -f arguments of one value set
+VALUE_SETS=(default all-features dra)
+values_args() {  # the -f / --set arguments of one value set
   case "$1" in
     default) ;;
     all-features) echo "-f $CHART/ci/all-features-values.yaml" ;;
+    dra) echo "--set mode=dra" ;;
   esac
 }
+# The Kubernetes version a value set is checked against: DRA mode's DeviceClass
+# (resource.k8s.io/v1, extendedResourceName) needs 1.37.
+kube_version() { if [ "$1" = dra ]; then echo "${DRA_KUBE_VERSION:-1.37.0}"; else echo "$KUBE_VERSION"; fi; }
 
 step "values: every value has a comment in values.yaml and a described entry in values.schema.json"
 python3 "$HELM_DIR/check_chart.py" values "$CHART"
 
 for set in "${VALUE_SETS[@]}"; do
+  KV="$(kube_version "$set")"
   # shellcheck disable=SC2046
   step "lint ($set values): helm lint --strict"
-  helm lint --strict "$CHART" $(values_args "$set") --kube-version "$KUBE_VERSION"
+  helm lint --strict "$CHART" $(values_args "$set") --kube-version "$KV"
 
-  step "render ($set values): helm template --kube-version $KUBE_VERSION"
+  step "render ($set values): helm template --kube-version $KV"
   # shellcheck disable=SC2046
-  helm template gpuslice "$CHART" --namespace gpuslice-system --kube-version "$KUBE_VERSION" \
+  helm template gpuslice "$CHART" --namespace gpuslice-system --kube-version "$KV" \
     $(values_args "$set") > "$OUT/$set.yaml"
   echo "rendered $(grep -c '^kind:' "$OUT/$set.yaml") objects: $(grep '^kind:' "$OUT/$set.yaml" | sort | uniq -c | awk '{printf "%s×%s ", $1, $3}')"
 
@@ -63,8 +68,8 @@ for set in "${VALUE_SETS[@]}"; do
   grep -q 'helm test gpuslice' "$OUT/$set.notes" || { echo "FAIL: NOTES.txt did not render"; exit 1; }
   echo "rendered $(wc -l < "$OUT/$set.notes") lines of notes"
 
-  step "schema ($set values): kubernetes-validate --strict -k $KUBE_VERSION"
-  kubernetes-validate --strict -k "$KUBE_VERSION" - < "$OUT/$set.yaml" 2>&1 | tee "$OUT/$set.validate" \
+  step "schema ($set values): kubernetes-validate --strict -k $KV"
+  kubernetes-validate --strict -k "$KV" - < "$OUT/$set.yaml" 2>&1 | tee "$OUT/$set.validate" \
     | grep -v '^INFO - passed' || true
   if grep -q -E '^(ERROR|CRITICAL)' "$OUT/$set.validate" || ! grep -q 'INFO - passed' "$OUT/$set.validate"; then
     echo "FAIL: kubernetes-validate rejected the $set manifests"; exit 1
@@ -76,10 +81,10 @@ for set in "${VALUE_SETS[@]}"; do
     echo "FAIL: objects without a schema that are not known custom resources:"; echo "$unknown"; exit 1
   fi
   crs="$(grep -c "Couldn't find schema" "$OUT/$set.validate" || true)"
-  echo "passed: $(grep -c 'INFO - passed' "$OUT/$set.validate") objects valid against Kubernetes $KUBE_VERSION;" \
+  echo "passed: $(grep -c 'INFO - passed' "$OUT/$set.validate") objects valid against Kubernetes $KV;" \
     "$crs custom resources have no built-in schema (checked in the custom resources step)"
 
-  step "wiring ($set values): kube-scheduler config, webhook, Service, certificate and RBAC agree"
+  step "wiring ($set values): kube-scheduler config (or, mode dra, the DeviceClass and DRA RBAC), webhook, Service, certificate and RBAC agree"
   python3 "$HELM_DIR/check_chart.py" wiring "$OUT/$set.yaml"
 
   step "custom resources ($set values): required fields of cert-manager / ServiceMonitor objects"
@@ -106,7 +111,7 @@ echo "passed"
 step "bad values are refused by values.schema.json"
 for bad in scheduler.replicas=0 scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy=packed \
            devicePlugin.deviceSplitCount=0 scheduler.admissionWebhook.failurePolicy=Maybe \
-           resourceMem=gpumem devicePlugin.unknownKey=1; do
+           resourceMem=gpumem devicePlugin.unknownKey=1 mode=hybrid; do
   if helm template gpuslice "$CHART" --kube-version "$KUBE_VERSION" --set "$bad" >/dev/null 2>"$OUT/bad.err"; then
     echo "FAIL: --set $bad was accepted"; exit 1
   fi

@@ -17,8 +17,13 @@
 //!   (`NVIDIA_VISIBLE_DEVICES=MIG-…`, no other container's) without
 //!   HAMi-core limits.
 //!
+//! In DRA mode ([`dra`]) it reads the driver's ResourceSlices and the
+//! allocated ResourceClaims instead of annotations.
+//!
 //! It decodes with its own reading of the protocol (the spec's text), not
 //! with the codecs under test, so a codec bug cannot hide itself.
+
+pub mod dra;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -403,6 +408,20 @@ pub fn check(pods: &[Pod], nodes: &[Node]) -> Report {
             }
         }
     }
+    report
+}
+
+/// [`check`] plus DRA mode's findings ([`dra`]) over the driver's
+/// ResourceSlices and the ResourceClaims.
+#[must_use]
+pub fn check_with_dra(
+    pods: &[Pod],
+    nodes: &[Node],
+    claims: &[k8s_openapi::api::resource::v1::ResourceClaim],
+    slices: &[k8s_openapi::api::resource::v1::ResourceSlice],
+) -> Report {
+    let mut report = check(pods, nodes);
+    dra::check(pods, claims, slices, &mut report);
     report
 }
 

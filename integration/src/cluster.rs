@@ -37,9 +37,19 @@ use crate::fake_scheduler::FakeScheduler;
 use crate::fake_scheduler::config::{ExtenderConfig, SchedulerConfig};
 use node_daemon::devices::simulated::{HealthSwitch, SimulatedDevices, simulated_uuid};
 use node_daemon::settings::OperatingMode;
+pub use scheduler_webhook::settings::Mode;
 
 /// Scheduler name every GPU pod is routed to.
 pub const SCHEDULER_NAME: &str = "gpuslice-scheduler";
+
+/// The cluster's own kube-scheduler in DRA mode: the default profile
+/// (`default-scheduler`, DynamicResources among its plugins) and its Lease
+/// `kube-system/kube-scheduler`.
+pub const DEFAULT_SCHEDULER_CONFIG: &str = "apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: true
+";
 
 /// What to start.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +79,11 @@ pub struct ClusterSpec {
     /// How the node-daemons share their GPUs: `Mig` puts MIG-capable
     /// models (A100, H100, A30) in `mig` mode (see `docs/mig.md`).
     pub operating_mode: OperatingMode,
+    /// Device-plugin mode, or DRA mode (the chart's `mode: dra`: the
+    /// webhook writes claims, the cluster's kube-scheduler allocates,
+    /// node-daemon is a DRA driver, the fake kubelet prepares claims);
+    /// DRA mode needs the real control plane.
+    pub mode: Mode,
 }
 
 /// Which kubelet runs a [`Cluster`]'s nodes.
@@ -150,6 +165,7 @@ impl Default for ClusterSpec {
             control_plane: ControlPlaneKind::Fake,
             kubelet: KubeletKind::Fake,
             operating_mode: OperatingMode::HamiCore,
+            mode: Mode::DevicePlugin,
         }
     }
 }
@@ -251,6 +267,8 @@ pub struct NodeHandle {
     agent: Option<NodeAgent>,
     daemon: Service,
     health: HealthSwitch,
+    /// DRA mode: the fake kubelet's DRA manager.
+    pub dra: Option<std::sync::Arc<crate::fake_kubelet::dra::DraManager>>,
 }
 
 impl NodeHandle {
@@ -379,6 +397,7 @@ pub(crate) fn start_scheduler_webhook(
     use scheduler_webhook::settings::Settings;
 
     let settings = Settings {
+        mode: spec.mode,
         kubeconfig: Some(kubeconfig.to_owned()),
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         tls_cert: Some(tls.0.clone()),
@@ -443,9 +462,17 @@ fn start_node_daemon(
     use node_daemon::daemon::{Daemon, kube_client, run};
     use node_daemon::settings::{DeviceSourceKind, Settings};
 
+    let node_dir = dir.parent().unwrap_or(dir);
     let settings = Settings {
         kubeconfig: Some(kubeconfig.to_owned()),
         node_name: Some(name.to_owned()),
+        mode: match spec.mode {
+            Mode::DevicePlugin => node_daemon::settings::Mode::DevicePlugin,
+            Mode::Dra => node_daemon::settings::Mode::Dra,
+        },
+        dra_plugin_dir: node_dir.join("plugins").join(proto::dra::DRIVER_NAME),
+        plugin_registry_dir: node_dir.join("plugins_registry"),
+        cdi_dir: node_dir.join("cdi"),
         device_plugin_dir: dir.to_owned(),
         device_source: DeviceSourceKind::Simulated,
         simulated_gpus: spec.gpus_per_node,
@@ -555,9 +582,24 @@ async fn start_nodes(
         })
         .await
         .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
-        let agent = NodeAgent::start(&kubelet, client.clone(), node_config(spec, &name))
-            .await
-            .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
+        let dra = match spec.mode {
+            Mode::DevicePlugin => None,
+            Mode::Dra => Some(
+                crate::fake_kubelet::dra::DraManager::start(crate::fake_kubelet::dra::DraConfig {
+                    registry_dir: node_dir.join("plugins_registry"),
+                    cdi_dir: node_dir.join("cdi"),
+                })
+                .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?,
+            ),
+        };
+        let agent = NodeAgent::start_with_dra(
+            &kubelet,
+            client.clone(),
+            node_config(spec, &name),
+            dra.clone(),
+        )
+        .await
+        .map_err(|e| start_err(format!("fake-kubelet {name}"), e))?;
         let metrics = SocketAddr::from(([127, 0, 0, 1], crate::real::control_plane::free_port()?));
         let (daemon, health) = start_node_daemon(
             spec,
@@ -575,6 +617,7 @@ async fn start_nodes(
             agent: Some(agent),
             daemon,
             health,
+            dra,
         });
     }
     Ok(nodes)
@@ -698,6 +741,14 @@ impl Cluster {
         if keep {
             eprintln!("cluster folder (kept): {}", dir.path().display());
         }
+        if spec.mode == Mode::Dra
+            && (spec.control_plane != ControlPlaneKind::Real || spec.kubelet != KubeletKind::Fake)
+        {
+            return Err(start_err(
+                "DRA mode",
+                "needs the real control plane (kube-scheduler allocates the claims) and the fake kubelet",
+            ));
+        }
         if spec.kubelet == KubeletKind::Real && spec.control_plane != ControlPlaneKind::Real {
             return Err(start_err(
                 "kubelet",
@@ -801,6 +852,7 @@ impl Cluster {
             "devicePlugin.deviceSplitCount={}",
             spec.split_count
         ));
+        sets.push(format!("mode={}", spec.mode.as_str()));
         let installed = install::install(&plane, webhook_addr.port(), &sets, dir.path())
             .await
             .map_err(|e| start_err("chart", e))?;
@@ -817,15 +869,26 @@ impl Cluster {
             Some(webhook_addr),
             None,
         )?;
-        // kube-scheduler runs in the scheduler pod beside scheduler-webhook,
-        // as the same ServiceAccount, with the chart's configuration.
-        plane
-            .start_scheduler(
-                &installed.scheduler_config,
-                &installed.scheduler_kubeconfig,
-                None,
-            )
-            .map_err(|e| start_err("kube-scheduler", e))?;
+        match &installed.scheduler_config {
+            // kube-scheduler runs in the scheduler pod beside
+            // scheduler-webhook, as the same ServiceAccount, with the
+            // chart's configuration.
+            Some(config) => {
+                plane
+                    .start_scheduler(config, &installed.scheduler_kubeconfig, None)
+                    .map_err(|e| start_err("kube-scheduler", e))?;
+            }
+            // DRA mode: the cluster's own kube-scheduler (default profile,
+            // its own identity) allocates the claims.
+            None => {
+                let kubeconfig = plane
+                    .certificate_kubeconfig("kube-scheduler", "system:kube-scheduler", &[])
+                    .map_err(|e| start_err("kube-scheduler", e))?;
+                plane
+                    .start_scheduler(DEFAULT_SCHEDULER_CONFIG, &kubeconfig, None)
+                    .map_err(|e| start_err("kube-scheduler", e))?;
+            }
+        }
         let (nodes, real_nodes) = match spec.kubelet {
             KubeletKind::Fake => (
                 start_nodes(
@@ -854,7 +917,7 @@ impl Cluster {
             real_nodes,
             scheduler,
             replicas: Vec::new(),
-            scheduler_config: Some(installed.scheduler_config),
+            scheduler_config: installed.scheduler_config,
             plane: Plane::Real(Box::new(plane)),
             client: tokio::sync::OnceCell::new(),
             tls: installed.tls,
@@ -933,6 +996,9 @@ impl Cluster {
     /// # Errors
     /// Not ready within a minute.
     pub async fn wait_until_ready(&self) -> Result<(), ClusterError> {
+        if self.spec.mode == Mode::Dra {
+            return self.wait_until_dra_ready().await;
+        }
         let client = self.client().await?;
         let want = self.spec.nodes;
         let nodes_client = client.clone();
@@ -1006,6 +1072,53 @@ impl Cluster {
         Ok(())
     }
 
+    /// DRA mode: every node's fake kubelet has the driver registered and
+    /// its ResourceSlice lists every GPU, and kube-scheduler holds its Lease.
+    async fn wait_until_dra_ready(&self) -> Result<(), ClusterError> {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use k8s_openapi::api::resource::v1::ResourceSlice;
+
+        let client = self.client().await?;
+        for node in &self.nodes {
+            if let Some(dra) = &node.dra {
+                dra.wait_registered(proto::dra::DRIVER_NAME, Duration::from_secs(60))
+                    .await
+                    .map_err(|e| start_err(format!("fake-kubelet {}", node.name), e))?;
+            }
+        }
+        let (want_nodes, want_gpus) = (self.spec.nodes, self.spec.gpus_per_node as usize);
+        crate::harness::wait_for_list(
+            Api::<ResourceSlice>::all(client.clone()),
+            kube::runtime::watcher::Config::default(),
+            "ResourceSlices of every node",
+            Duration::from_secs(60),
+            |slices| {
+                slices
+                    .iter()
+                    .filter(|s| s.spec.driver == proto::dra::DRIVER_NAME)
+                    .filter(|s| s.spec.devices.as_ref().map_or(0, Vec::len) >= want_gpus)
+                    .count()
+                    >= want_nodes
+            },
+        )
+        .await
+        .map_err(|e| start_err("node-daemon", e))?;
+        crate::harness::wait_for_object(
+            Api::<Lease>::namespaced(client, "kube-system"),
+            "kube-scheduler",
+            Duration::from_secs(90),
+            |l: &Lease| {
+                l.spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.as_ref())
+                    .is_some_and(|h| !h.is_empty())
+            },
+        )
+        .await
+        .map_err(|e| start_err("kube-scheduler", e))?;
+        Ok(())
+    }
+
     /// Runs the independent checker over what the API server shows now;
     /// returns the report with the pods it looked at.
     ///
@@ -1015,7 +1128,7 @@ impl Cluster {
         let client = self.client().await?;
         let params = kube::api::ListParams::default();
         let mut pods = Api::<Pod>::all(client.clone()).list(&params).await?.items;
-        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client)
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
             .list(&params)
             .await?
             .items;
@@ -1031,6 +1144,16 @@ impl Cluster {
                     .get_or_insert_with(Default::default)
                     .insert(crate::fake_kubelet::ALLOCATIONS_ANNOTATION.to_owned(), json);
             }
+        }
+        if self.spec.mode == Mode::Dra {
+            use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+            let claims = Api::<ResourceClaim>::all(client.clone())
+                .list(&params)
+                .await?
+                .items;
+            let slices = Api::<ResourceSlice>::all(client).list(&params).await?.items;
+            let report = crate::checker::check_with_dra(&pods, &nodes, &claims, &slices);
+            return Ok((report, pods));
         }
         Ok((crate::checker::check(&pods, &nodes), pods))
     }
@@ -1339,9 +1462,14 @@ impl Cluster {
             .get_mut(i)
             .ok_or_else(|| start_err("fake-kubelet", format!("no node {i}")))?;
         if node.agent.is_none() {
-            let agent = NodeAgent::start(&node.kubelet, client, node_config(&spec, &node.name))
-                .await
-                .map_err(|e| start_err(format!("fake-kubelet {}", node.name), e))?;
+            let agent = NodeAgent::start_with_dra(
+                &node.kubelet,
+                client,
+                node_config(&spec, &node.name),
+                node.dra.clone(),
+            )
+            .await
+            .map_err(|e| start_err(format!("fake-kubelet {}", node.name), e))?;
             node.agent = Some(agent);
         }
         Ok(())

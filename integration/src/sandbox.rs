@@ -32,7 +32,7 @@ use tokio::sync::watch;
 
 pub use self::settle::{PodState, Settling};
 use crate::checker::{self, Report};
-use crate::cluster::{Cluster, ClusterError, ClusterSpec, ControlPlaneKind};
+use crate::cluster::{Cluster, ClusterError, ClusterSpec, ControlPlaneKind, Mode};
 use crate::harness::HarnessError;
 use crate::workload;
 
@@ -95,6 +95,20 @@ pub struct Args {
     /// integration/k8s/build.sh (needs Go 1.26; the first run builds them, which takes minutes).
     #[arg(long, default_value = "fake")]
     pub control_plane: ControlPlaneKind,
+    /// `device-plugin` (HAMi's protocol) or `dra` (the chart's `mode: dra`: claims from
+    /// shape templates, kube-scheduler allocates, node-daemon as DRA driver; needs
+    /// `--control-plane real`). The JSON summary has the same keys; in DRA mode a GPU's
+    /// `slots_used` counts the claims on it and `slots_total` is 0 (DRA sets no slot limit).
+    #[arg(long, default_value = "device-plugin", value_parser = parse_mode)]
+    pub mode: Mode,
+}
+
+/// Reads `--mode`.
+fn parse_mode(value: &str) -> Result<Mode, String> {
+    Mode::ALL
+        .into_iter()
+        .find(|m| m.as_str() == value)
+        .ok_or_else(|| format!("unknown mode {value:?} (device-plugin, dra)"))
 }
 
 /// What ran the cluster: the versions the real components report, or
@@ -393,6 +407,13 @@ pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
         ));
     }
     let pods = pods_of(args)?;
+    if args.mode == Mode::Dra
+        && (args.control_plane != ControlPlaneKind::Real || args.workload == "mig")
+    {
+        return Err(SandboxError::Usage(
+            "--mode dra needs --control-plane real (kube-scheduler allocates the claims) and a workload other than mig".to_owned(),
+        ));
+    }
     if args.control_plane == ControlPlaneKind::Real
         && crate::real::binaries::Binaries::find().is_err()
     {
@@ -410,6 +431,7 @@ pub async fn run(args: &Args) -> Result<(Summary, Cluster), SandboxError> {
         split_count: args.split_count,
         node_policy: args.policy.clone(),
         control_plane: args.control_plane,
+        mode: args.mode,
         operating_mode: if args.workload == "mig" {
             OperatingMode::Mig
         } else {
@@ -448,7 +470,11 @@ async fn submit_and_settle(
     watching
         .wait("the sandbox's watches to list", deadline, Settling::synced)
         .await?;
-    wait_for_model_gpus(cluster, &watching, deadline).await?;
+    // In DRA mode kube-scheduler allocates from the ResourceSlices
+    // (`wait_until_ready` waited for them); the webhook's model is not used.
+    if args.mode == Mode::DevicePlugin {
+        wait_for_model_gpus(cluster, &watching, deadline).await?;
+    }
 
     let started = Instant::now();
     let mut rejected = Vec::new();
@@ -479,11 +505,25 @@ async fn submit_and_settle(
         eprintln!();
     }
     drop(watching);
-    let nodes = Api::<Node>::all(client)
+    let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await?
         .items;
-    let mut summary = summarize(&settled_pods, &nodes, seconds_to_settle);
+    let mut summary = match args.mode {
+        Mode::DevicePlugin => summarize(&settled_pods, &nodes, seconds_to_settle),
+        Mode::Dra => {
+            use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+            let claims = Api::<ResourceClaim>::all(client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items;
+            let slices = Api::<ResourceSlice>::all(client)
+                .list(&ListParams::default())
+                .await?
+                .items;
+            summarize_dra(&settled_pods, &nodes, &claims, &slices, seconds_to_settle)
+        }
+    };
     summary.pods_rejected = rejected.len();
     summary.not_running.extend(rejected);
     summary.problems = Expectation::of(args).problems(&summary);
@@ -762,6 +802,114 @@ pub fn summarize(pods: &[Pod], nodes: &[Node], seconds_to_settle: f64) -> Summar
         dashboard_url: None,
         report,
     }
+}
+
+/// [`summarize`] in DRA mode: the checker's DRA reading, and per node the
+/// GPUs of its ResourceSlice with what allocated claims consume on each.
+#[must_use]
+pub fn summarize_dra(
+    pods: &[Pod],
+    nodes: &[Node],
+    claims: &[k8s_openapi::api::resource::v1::ResourceClaim],
+    slices: &[k8s_openapi::api::resource::v1::ResourceSlice],
+    seconds_to_settle: f64,
+) -> Summary {
+    use crate::checker::dra::{DRIVER, quantity, quantity_mib};
+
+    let mut summary = summarize(pods, nodes, seconds_to_settle);
+    let report = checker::check_with_dra(pods, nodes, claims, slices);
+    summary.overcommitted_gpus = report
+        .overcommitted
+        .iter()
+        .map(|o| &o.uuid)
+        .collect::<BTreeSet<_>>()
+        .len();
+    summary.mismatched_containers = report.mismatched.len();
+    summary.unfinished_pods = report.unfinished.len();
+    summary.report = report;
+    // (pool, device) -> (claims, MiB, claims of the whole memory, cores, holders)
+    type Use = (u64, u64, u64, u64, Vec<String>);
+    let mut used: BTreeMap<(String, String), Use> = BTreeMap::new();
+    for claim in claims {
+        let holders: Vec<String> = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|r| r.name.clone())
+            .collect();
+        let results = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref());
+        for r in results.into_iter().flatten().filter(|r| r.driver == DRIVER) {
+            let consumed = |name: &str| {
+                r.consumed_capacity
+                    .as_ref()
+                    .and_then(|c| c.get(name))
+                    .map(|q| q.0.clone())
+            };
+            let entry = used.entry((r.pool.clone(), r.device.clone())).or_default();
+            entry.0 += 1;
+            match consumed("memory").and_then(|q| quantity_mib(&q)) {
+                Some(mib) => entry.1 += mib,
+                // No consumed memory: the whole card (counted below).
+                None => entry.2 += 1,
+            }
+            entry.3 += consumed("cores")
+                .and_then(|q| quantity(&q))
+                .and_then(|c| u64::try_from(c).ok())
+                .unwrap_or(0);
+            for h in &holders {
+                if !entry.4.contains(h) {
+                    entry.4.push(h.clone());
+                }
+            }
+        }
+    }
+    let mut by_node: BTreeMap<String, Vec<GpuSummary>> = nodes
+        .iter()
+        .map(|n| (n.metadata.name.clone().unwrap_or_default(), Vec::new()))
+        .collect();
+    for slice in slices.iter().filter(|s| s.spec.driver == DRIVER) {
+        let node = slice.spec.node_name.clone().unwrap_or_default();
+        for d in slice.spec.devices.iter().flatten() {
+            let capacity = |name: &str| {
+                d.capacity
+                    .as_ref()
+                    .and_then(|c| c.get(name))
+                    .map(|c| c.value.0.clone())
+            };
+            let total = capacity("memory")
+                .and_then(|q| quantity_mib(&q))
+                .unwrap_or(0);
+            let (count, mem, whole, cores, holders) = used
+                .remove(&(slice.spec.pool.name.clone(), d.name.clone()))
+                .unwrap_or_default();
+            by_node.entry(node.clone()).or_default().push(GpuSummary {
+                uuid: d
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get("uuid"))
+                    .and_then(|a| a.string.clone())
+                    .unwrap_or_else(|| d.name.clone()),
+                slots_used: count,
+                slots_total: 0,
+                memory_used_mib: mem + whole * total,
+                memory_total_mib: total,
+                cores_used: cores,
+                holders,
+            });
+        }
+    }
+    summary.nodes = by_node
+        .into_iter()
+        .map(|(name, gpus)| NodeSummary { name, gpus })
+        .collect();
+    summary
 }
 
 /// The human report.

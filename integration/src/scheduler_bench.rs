@@ -584,8 +584,11 @@ async fn one_run(
                 Some(install::NAMESPACE),
             )?;
             service = Some((webhook, format!("http://{metrics}/metrics")));
-            let config_text =
-                chart_scheduler_config(&installed.scheduler_config, config.scheduler_qps)?;
+            let chart_config = installed
+                .scheduler_config
+                .as_deref()
+                .ok_or_else(|| setup("the chart rendered no kube-scheduler configuration"))?;
+            let config_text = chart_scheduler_config(chart_config, config.scheduler_qps)?;
             let i = plane
                 .start_scheduler_with(
                     &config_text,

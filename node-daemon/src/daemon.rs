@@ -1,6 +1,11 @@
 //! Wiring of the running daemon: discover GPUs, rebuild the ledgers from
 //! the pods bound to this node, start the actors, and only then serve and
 //! register the plugin socket; on shutdown, drain and remove the socket.
+//!
+//! In DRA mode ([`Mode::Dra`]) the ledgers are rebuilt from the
+//! `ResourceClaim`s allocated to this node's pool, the `ResourceSlice`
+//! publisher replaces the register annotation, and the kubelet DRA plugin
+//! (with its registration socket) replaces the device plugin.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -18,12 +23,14 @@ use crate::allocation::rebuild_holdings;
 use crate::cluster::{Cluster, ClusterError};
 use crate::devices::simulated::SimulatedDevices;
 use crate::devices::{DeviceError, DeviceSource, Gpu, Shaping};
+use crate::dra::driver::{DraDriver, DriverSettings};
 use crate::epoch::{CommitClock, Epoch};
+use crate::grpc::dra::DraSockets;
 use crate::grpc::plugin::DevicePluginService;
 use crate::grpc::registration::{PluginError, PluginSocket, serve_and_register};
 use crate::ledger::{Capacity, SliceLedger};
 use crate::metrics::Sources;
-use crate::settings::{DeviceSourceKind, Settings};
+use crate::settings::{DeviceSourceKind, Mode, Settings};
 
 /// Why the daemon could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -196,7 +203,10 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     } = daemon;
     let node = settings.node_name.clone().ok_or(RunError::NoNodeName)?;
     let gpus = Shaping::from(&settings).advertise(&devices.discover()?)?;
-    info!(node = %node, gpus = gpus.len(), split = settings.device_split_count, "GPUs discovered");
+    info!(node = %node, gpus = gpus.len(), split = settings.device_split_count, mode = ?settings.mode, "GPUs discovered");
+    if settings.mode == Mode::Dra {
+        return run_dra(settings, devices, cluster, node, gpus, shutdown).await;
+    }
 
     let mig_gpus: crate::mig::MigGpus = gpus
         .iter()
@@ -226,26 +236,18 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     let _health = HealthActor::start_on(inventory_tx, devices.health_events()?);
     let _pod_watch = PodWatch::start_on(gpu_pool.clone(), cluster.pod_changes(&node, clock));
     let (names_tx, names) = watch::channel(pod_names(&pods));
-    let metrics = match settings.metrics_bind_address {
-        Some(address) => {
-            let sources = Sources {
-                node: node.clone(),
-                inventory: inventory.clone(),
-                gpus: gpu_pool.clone(),
-                names,
-                containers: settings.hook_path.join("vgpu/containers"),
-                devices: Arc::clone(&devices),
-                cache_errors: crate::metrics::CacheErrors::default(),
-            };
-            let server = crate::metrics::serve(address, sources)
-                .map_err(|source| RunError::Metrics { address, source })?;
-            info!(%address, "serving /metrics and /healthz");
-            let handle = server.handle();
-            actix::spawn(server);
-            Some(handle)
-        }
-        None => None,
-    };
+    let metrics = start_metrics(
+        &settings,
+        Sources {
+            node: node.clone(),
+            inventory: inventory.clone(),
+            gpus: gpu_pool.clone(),
+            names,
+            containers: settings.hook_path.join("vgpu/containers"),
+            devices: Arc::clone(&devices),
+            cache_errors: crate::metrics::CacheErrors::default(),
+        },
+    )?;
     let allocator = Allocator {
         node: node.clone(),
         cluster: Arc::clone(&cluster),
@@ -288,6 +290,123 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
     };
     let _ = stop_tx.send(true);
     let _ = registrar.await;
+    if let Some(metrics) = metrics {
+        metrics.stop(true).await;
+    }
+    result.map_err(RunError::from)
+}
+
+/// Serves `/metrics` and `/healthz` when the settings ask for it.
+fn start_metrics(
+    settings: &Settings,
+    sources: Sources,
+) -> Result<Option<actix_web::dev::ServerHandle>, RunError> {
+    let Some(address) = settings.metrics_bind_address else {
+        return Ok(None);
+    };
+    let server = crate::metrics::serve(address, sources)
+        .map_err(|source| RunError::Metrics { address, source })?;
+    info!(%address, "serving /metrics and /healthz");
+    let handle = server.handle();
+    actix::spawn(server);
+    Ok(Some(handle))
+}
+
+/// DRA mode: ledgers rebuilt from the claims allocated to this node's pool,
+/// the `ResourceSlice` publisher, and the kubelet DRA plugin, until
+/// `shutdown`. No device plugin, no register annotation, no pod reads.
+async fn run_dra(
+    settings: Settings,
+    devices: Arc<dyn DeviceSource>,
+    cluster: Arc<dyn Cluster>,
+    node: String,
+    gpus: Vec<Gpu>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let clock = CommitClock::new();
+    let claims = cluster.resource_claims().await?;
+    let mut ledgers = rebuilt_ledgers(&node, &gpus, &[], clock.now());
+    let held = crate::dra::driver::rebuild(&node, &gpus, &claims);
+    for (uuid, claims) in held {
+        let Some(ledger) = ledgers.get_mut(&uuid) else {
+            continue;
+        };
+        for (claim_uid, slice) in claims {
+            if let Err(error) = ledger.commit_claim(&claim_uid, slice) {
+                warn!(gpu = %uuid, claim = %claim_uid, %error, "allocated claim does not fit; not counted");
+            }
+        }
+    }
+    let rebuilt: usize = ledgers.values().map(|l| l.claims().count()).sum();
+    info!(
+        claims = rebuilt,
+        "ledgers rebuilt from the allocated ResourceClaims"
+    );
+    let allocated: std::collections::BTreeSet<String> = claims
+        .iter()
+        .filter(|c| crate::dra::claims::allocated_to(c, &node))
+        .map(|c| c.uid.clone())
+        .collect();
+    match crate::dra::cdi::remove_stale_specs(&settings.cdi_dir, &allocated).await {
+        Ok(0) => {}
+        Ok(removed) => info!(
+            removed,
+            "CDI specs of claims no longer allocated here removed"
+        ),
+        Err(error) => {
+            warn!(%error, dir = %settings.cdi_dir.display(), "cannot clean the CDI folder")
+        }
+    }
+    let gpu_pool = GpuPool::start(ledgers, clock);
+    let (inventory_tx, inventory) = watch::channel::<Inventory>(Arc::new(gpus));
+    let _health = HealthActor::start_on(inventory_tx, devices.health_events()?);
+    let (_names_tx, names) = watch::channel(crate::cluster::PodNames::default());
+    let metrics = start_metrics(
+        &settings,
+        Sources {
+            node: node.clone(),
+            inventory: inventory.clone(),
+            gpus: gpu_pool.clone(),
+            names,
+            containers: settings.hook_path.join("vgpu/containers"),
+            devices: Arc::clone(&devices),
+            cache_errors: crate::metrics::CacheErrors::default(),
+        },
+    )?;
+    let (stop_tx, stop) = watch::channel(false);
+    let publisher = tokio::spawn(crate::dra::publisher::publish(
+        Arc::clone(&cluster),
+        node.clone(),
+        inventory.clone(),
+        stop.clone(),
+    ));
+    let driver = DraDriver::new(
+        DriverSettings {
+            node,
+            cdi_dir: settings.cdi_dir.clone(),
+            hook_path: settings.hook_path.clone(),
+            device_memory_scaling: settings.device_memory_scaling,
+        },
+        cluster,
+        gpu_pool,
+        inventory,
+    );
+    let sockets = DraSockets {
+        plugin_dir: settings.dra_plugin_dir.clone(),
+        registry_dir: settings.plugin_registry_dir.clone(),
+    };
+    let plugin = crate::grpc::dra::serve(sockets, driver, stop);
+    tokio::pin!(plugin);
+    let result = tokio::select! {
+        result = &mut plugin => result,
+        () = shutdown => {
+            info!("shutting down: draining the DRA plugin");
+            let _ = stop_tx.send(true);
+            plugin.await
+        }
+    };
+    let _ = stop_tx.send(true);
+    let _ = publisher.await;
     if let Some(metrics) = metrics {
         metrics.stop(true).await;
     }

@@ -17,6 +17,16 @@
 //! whose cores are all taken) are enforced too, so the node never accepts
 //! what HAMi's filter would refuse.
 //!
+//! DRA claims ([`SliceLedger::commit_claim`]) are a second kind of holder,
+//! kept apart from the device-plugin containers (keyed by claim UID, never
+//! freed by a pod snapshot) but counted in the same usage: a claim's memory
+//! and cores add to the GPU's, so a GPU is never over-committed across both
+//! paths. A claim takes no slot (slots are the device-plugin's
+//! `deviceSplitCount`, which kube-scheduler's allocator does not know) and
+//! is checked against memory and cores only, the two capacities the
+//! `ResourceSlice` publishes; a device-plugin slice sharing the card with
+//! claims sees each claim as a holder for the exclusivity rules.
+//!
 //! Freeing by exclusion ([`SliceLedger::release_pods_except`]) takes a
 //! [`LiveSnapshot`]: the pods alive on the node as of a list, stamped with
 //! the [`Epoch`] read before that list was requested. Every holding carries
@@ -147,6 +157,47 @@ pub enum LedgerError {
     },
 }
 
+/// What one DRA claim holds of one GPU (the sum of its allocation results
+/// on that GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClaimSlice {
+    /// Device memory in MiB.
+    pub memory_mib: u32,
+    /// Compute in percent.
+    pub cores: u32,
+}
+
+/// Why a claim's commit was refused. The ledger is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// Not enough free memory.
+    #[error("{requested} MiB requested, {free} MiB free")]
+    Memory {
+        /// Requested MiB.
+        requested: u32,
+        /// Free MiB.
+        free: u64,
+    },
+    /// Not enough free cores.
+    #[error("{requested}% cores requested, {free}% free")]
+    Cores {
+        /// Requested percent.
+        requested: u32,
+        /// Free percent.
+        free: u64,
+    },
+    /// The claim already holds a different slice of this GPU.
+    #[error("claim {claim_uid} already holds {held:?}, not {requested:?}")]
+    Conflict {
+        /// The claim's UID.
+        claim_uid: String,
+        /// What it holds.
+        held: ClaimSlice,
+        /// What was asked.
+        requested: ClaimSlice,
+    },
+}
+
 /// The pods alive on the node as of one list, and when that list was
 /// requested.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -169,6 +220,9 @@ struct Held {
 pub struct SliceLedger {
     capacity: Capacity,
     held: BTreeMap<SliceKey, Held>,
+    /// DRA claims by UID.
+    claims: BTreeMap<String, ClaimSlice>,
+    /// Device-plugin holdings and claims together (claims take no slot).
     usage: Usage,
 }
 
@@ -179,6 +233,7 @@ impl SliceLedger {
         Self {
             capacity,
             held: BTreeMap::new(),
+            claims: BTreeMap::new(),
             usage: Usage::default(),
         }
     }
@@ -193,6 +248,62 @@ impl SliceLedger {
     #[must_use]
     pub fn usage(&self) -> Usage {
         self.usage
+    }
+
+    /// Every DRA claim held, by claim UID.
+    pub fn claims(&self) -> impl Iterator<Item = (&String, &ClaimSlice)> {
+        self.claims.iter()
+    }
+
+    /// Holds `slice` for DRA claim `claim_uid`, or refuses and changes
+    /// nothing: the memory and cores of every holder (claims and
+    /// device-plugin containers) must stay within the capacity.
+    ///
+    /// # Errors
+    /// [`ClaimError`]: which capacity would be exceeded, or a different
+    /// slice already held by the claim.
+    pub fn commit_claim(
+        &mut self,
+        claim_uid: &str,
+        slice: ClaimSlice,
+    ) -> Result<Committed, ClaimError> {
+        if let Some(held) = self.claims.get(claim_uid) {
+            return if *held == slice {
+                Ok(Committed::AlreadyHeld)
+            } else {
+                Err(ClaimError::Conflict {
+                    claim_uid: claim_uid.to_owned(),
+                    held: *held,
+                    requested: slice,
+                })
+            };
+        }
+        let memory = self.usage.memory_mib + u64::from(slice.memory_mib);
+        let cores = self.usage.cores + u64::from(slice.cores);
+        if memory > u64::from(self.capacity.memory_mib) {
+            return Err(ClaimError::Memory {
+                requested: slice.memory_mib,
+                free: u64::from(self.capacity.memory_mib).saturating_sub(self.usage.memory_mib),
+            });
+        }
+        if cores > u64::from(self.capacity.cores) {
+            return Err(ClaimError::Cores {
+                requested: slice.cores,
+                free: u64::from(self.capacity.cores).saturating_sub(self.usage.cores),
+            });
+        }
+        self.usage.memory_mib = memory;
+        self.usage.cores = cores;
+        self.claims.insert(claim_uid.to_owned(), slice);
+        Ok(Committed::New)
+    }
+
+    /// Frees what DRA claim `claim_uid` holds; `None` if it held nothing.
+    pub fn release_claim(&mut self, claim_uid: &str) -> Option<ClaimSlice> {
+        let slice = self.claims.remove(claim_uid)?;
+        self.usage.memory_mib -= u64::from(slice.memory_mib);
+        self.usage.cores -= u64::from(slice.cores);
+        Some(slice)
     }
 
     /// Every holding, in key order.
@@ -278,10 +389,9 @@ impl SliceLedger {
                 cores: others.cores + own_app.cores,
             }
         };
-        if cores == 100 && slice.cores == 100 && sharing.slots > 0 {
-            return Err(LedgerError::Exclusive {
-                holders: sharing.slots,
-            });
+        let holders = sharing.slots + u32::try_from(self.claims.len()).unwrap_or(u32::MAX);
+        if cores == 100 && slice.cores == 100 && holders > 0 {
+            return Err(LedgerError::Exclusive { holders });
         }
         if slice.cores == 0 && cores > 0 && sharing.cores >= u64::from(cores) {
             return Err(LedgerError::CoresExhausted);
@@ -448,6 +558,91 @@ mod tests {
             l.commit(key("a", 1), slice(200, 10), AT),
             Err(LedgerError::Conflict { .. })
         ));
+    }
+
+    fn claim(memory_mib: u32, cores: u32) -> ClaimSlice {
+        ClaimSlice { memory_mib, cores }
+    }
+
+    #[test]
+    fn claims_and_containers_are_kept_apart_and_counted_together() {
+        let mut l = gpu(2, 1000, 100);
+        assert_eq!(l.commit_claim("c1", claim(600, 30)), Ok(Committed::New));
+        assert_eq!(
+            l.commit_claim("c1", claim(600, 30)),
+            Ok(Committed::AlreadyHeld)
+        );
+        assert!(matches!(
+            l.commit_claim("c1", claim(100, 30)),
+            Err(ClaimError::Conflict { .. })
+        ));
+        // A container sees the claim's memory and cores; a claim takes no slot.
+        assert_eq!(
+            l.commit(key("a", 0), slice(500, 10), AT),
+            Err(LedgerError::Memory {
+                requested: 500,
+                free: 400
+            })
+        );
+        l.commit(key("a", 0), slice(300, 10), AT).unwrap();
+        l.commit(key("b", 0), slice(10, 10), AT).unwrap();
+        // A claim sees the containers' memory and cores, not the slots.
+        let before = l.clone();
+        assert_eq!(
+            l.commit_claim("c2", claim(100, 10)),
+            Err(ClaimError::Memory {
+                requested: 100,
+                free: 90
+            })
+        );
+        assert_eq!(
+            l.commit_claim("c2", claim(90, 51)),
+            Err(ClaimError::Cores {
+                requested: 51,
+                free: 50
+            })
+        );
+        assert_eq!(l, before, "a refused claim changes nothing");
+        l.commit_claim("c2", claim(90, 50)).unwrap();
+        assert_eq!(
+            l.usage(),
+            Usage {
+                slots: 2,
+                memory_mib: 1000,
+                cores: 100
+            }
+        );
+        // A pod snapshot never frees a claim; releasing the pods keeps them.
+        let nobody = LiveSnapshot {
+            live: BTreeSet::new(),
+            taken_at: AT,
+        };
+        assert_eq!(l.release_pods_except(&nobody), 2);
+        assert_eq!(l.claims().count(), 2);
+        assert_eq!(l.release_claim("c1"), Some(claim(600, 30)));
+        assert_eq!(l.release_claim("c1"), None);
+        assert_eq!(
+            l.usage(),
+            Usage {
+                slots: 0,
+                memory_mib: 90,
+                cores: 50
+            }
+        );
+        // A claim on the card is a holder for the whole-card rule.
+        assert_eq!(
+            l.commit(key("d", 0), slice(10, 100), AT),
+            Err(LedgerError::Cores {
+                requested: 100,
+                free: 50
+            })
+        );
+        l.release_claim("c2");
+        l.commit_claim("c3", claim(10, 0)).unwrap();
+        assert_eq!(
+            l.commit(key("d", 0), slice(10, 100), AT),
+            Err(LedgerError::Exclusive { holders: 1 })
+        );
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! gpuslice node daemon: serves the kubelet device-plugin API for a node's
 //! GPUs, hands each container its slice (HAMi-core env and mounts), and
-//! publishes the node's GPUs as the HAMi register annotation.
+//! publishes the node's GPUs as the HAMi register annotation. In DRA mode
+//! (`--mode dra`, module [`dra`]) it publishes them as a `ResourceSlice`
+//! instead and serves the kubelet DRA plugin (`grpc::dra`), handing each
+//! claim the same slice through a CDI spec.
 //!
 //! ```text
 //!              kubelet (device manager)                   kube-apiserver
@@ -30,6 +33,7 @@ pub mod allocation;
 pub mod cluster;
 pub mod daemon;
 pub mod devices;
+pub mod dra;
 pub mod epoch;
 pub mod grpc;
 pub mod ledger;

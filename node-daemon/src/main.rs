@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use node_daemon::settings::{self, Flags};
 
-/// GPU-slice device plugin for one Kubernetes node (HAMi-compatible).
+/// GPU-slice device plugin for one Kubernetes node (HAMi-compatible), or
+/// with `--mode dra` its Dynamic Resource Allocation driver (gpu.gpuslice.dev).
 #[derive(Debug, Parser)]
 #[command(name = "node-daemon", version)]
 struct Cli {

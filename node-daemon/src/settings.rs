@@ -37,6 +37,23 @@ pub enum OperatingMode {
     Mig,
 }
 
+/// How the node's GPUs reach pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+pub enum Mode {
+    /// The kubelet device-plugin API (`nvidia.com/gpu`) and the HAMi
+    /// register annotation; the scheduler extender places slices.
+    #[default]
+    #[serde(rename = "device-plugin")]
+    #[value(name = "device-plugin")]
+    DevicePlugin,
+    /// Dynamic Resource Allocation: a `ResourceSlice` per node and the
+    /// kubelet DRA plugin (driver `gpu.gpuslice.dev`); kube-scheduler
+    /// allocates slices (see docs/dra.md).
+    #[serde(rename = "dra")]
+    #[value(name = "dra")]
+    Dra,
+}
+
 /// One simulated GPU, for heterogeneous simulated nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -82,8 +99,17 @@ pub struct Settings {
     pub kubeconfig: Option<PathBuf>,
     /// This node's name (also read from `$NODE_NAME`).
     pub node_name: Option<String>,
+    /// `device-plugin` or `dra`.
+    pub mode: Mode,
     /// kubelet's device-plugin folder.
     pub device_plugin_dir: PathBuf,
+    /// DRA mode: the folder of the DRA plugin socket `dra.sock`.
+    pub dra_plugin_dir: PathBuf,
+    /// DRA mode: kubelet's plugin-registration folder, where
+    /// `gpu.gpuslice.dev-reg.sock` is served.
+    pub plugin_registry_dir: PathBuf,
+    /// DRA mode: where CDI spec files of prepared claims are written.
+    pub cdi_dir: PathBuf,
     /// Where the GPUs come from.
     pub device_source: DeviceSourceKind,
     /// Number of identical simulated GPUs (with `simulatedGpuModel`, `simulatedGpuMemoryMib`).
@@ -127,7 +153,11 @@ impl Default for Settings {
         Self {
             kubeconfig: None,
             node_name: None,
+            mode: Mode::DevicePlugin,
             device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            dra_plugin_dir: PathBuf::from("/var/lib/kubelet/plugins/gpu.gpuslice.dev"),
+            plugin_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            cdi_dir: PathBuf::from("/var/run/cdi"),
             device_source: DeviceSourceKind::Nvml,
             simulated_gpus: 0,
             simulated_gpu_model: "NVIDIA A100-SXM4-40GB".to_owned(),
@@ -160,6 +190,9 @@ pub enum InvalidSetting {
         "operatingMode mig needs deviceSource simulated: MIG through NVML is not implemented yet (see docs/mig.md)"
     )]
     MigNeedsSimulated,
+    /// DRA mode with MIG: MIG instances are not published as DRA devices.
+    #[error("mode dra needs operatingMode hami-core: MIG instances are not published through DRA")]
+    DraWithMig,
     /// A zero split count.
     #[error("deviceSplitCount must be at least 1")]
     SplitCount,
@@ -212,6 +245,9 @@ impl Settings {
         {
             return Err(InvalidSetting::MigNeedsSimulated);
         }
+        if self.mode == Mode::Dra && self.operating_mode == OperatingMode::Mig {
+            return Err(InvalidSetting::DraWithMig);
+        }
         if self.device_source == DeviceSourceKind::Simulated {
             if self.simulated_gpus == 0 && self.simulated_gpu_list.is_empty() {
                 return Err(InvalidSetting::NoSimulatedGpus);
@@ -241,9 +277,24 @@ pub struct Flags {
     /// This node's name [default: $NODE_NAME].
     #[arg(long)]
     pub node_name: Option<String>,
+    /// `device-plugin` (kubelet device plugin, HAMi annotations) or `dra`
+    /// (ResourceSlice and kubelet DRA plugin) [default: device-plugin].
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
     /// kubelet's device-plugin folder [default: /var/lib/kubelet/device-plugins].
     #[arg(long)]
     pub device_plugin_dir: Option<PathBuf>,
+    /// DRA mode: folder of the DRA plugin socket dra.sock
+    /// [default: /var/lib/kubelet/plugins/gpu.gpuslice.dev].
+    #[arg(long)]
+    pub dra_plugin_dir: Option<PathBuf>,
+    /// DRA mode: kubelet's plugin-registration folder
+    /// [default: /var/lib/kubelet/plugins_registry].
+    #[arg(long)]
+    pub plugin_registry_dir: Option<PathBuf>,
+    /// DRA mode: folder of the CDI spec files [default: /var/run/cdi].
+    #[arg(long)]
+    pub cdi_dir: Option<PathBuf>,
     /// Where GPUs come from [default: nvml].
     #[arg(long, value_enum)]
     pub device_source: Option<DeviceSourceKind>,
@@ -373,6 +424,38 @@ mod tests {
                 .operating_mode,
             Some(OperatingMode::HamiCore)
         );
+    }
+
+    #[test]
+    fn dra_mode_and_its_folders_parse_from_the_file_and_the_flags() {
+        let s = from_yaml("mode: dra\ncdiDir: /run/cdi\n").unwrap();
+        assert_eq!(s.mode, Mode::Dra);
+        assert_eq!(s.cdi_dir, PathBuf::from("/run/cdi"));
+        assert_eq!(
+            s.plugin_registry_dir,
+            PathBuf::from("/var/lib/kubelet/plugins_registry")
+        );
+        let f = flags(&[
+            "--mode",
+            "dra",
+            "--dra-plugin-dir",
+            "/p",
+            "--plugin-registry-dir",
+            "/r",
+        ])
+        .unwrap();
+        assert_eq!(f.mode, Some(Mode::Dra));
+        let s: Settings = layered(None, &no_env, &f).unwrap();
+        assert_eq!(
+            (s.dra_plugin_dir, s.plugin_registry_dir),
+            (PathBuf::from("/p"), PathBuf::from("/r"))
+        );
+        assert!(flags(&["--mode", "both"]).is_err());
+        let mig =
+            from_yaml("mode: dra\noperatingMode: mig\ndeviceSource: simulated\nsimulatedGpus: 1\n")
+                .unwrap()
+                .finish(Some("n".into()));
+        assert_eq!(mig, Err(InvalidSetting::DraWithMig));
     }
 
     #[test]

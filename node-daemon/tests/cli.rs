@@ -22,7 +22,16 @@ fn stderr(out: &Output) -> String {
 fn help_and_version_exit_zero() {
     let out = run(&["--help"], &[]);
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("--device-source"));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--device-source"));
+    for flag in [
+        "--mode",
+        "--dra-plugin-dir",
+        "--plugin-registry-dir",
+        "--cdi-dir",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
     let out = run(&["--version"], &[]);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("node-daemon "));
 }

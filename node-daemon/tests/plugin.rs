@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use node_daemon::cluster::memory::{ClusterState, MemoryCluster};
 use node_daemon::cluster::{
-    AnnotationPatch, Cluster, ClusterError, ContainerView, PodChange, PodView,
+    AnnotationPatch, ClaimView, Cluster, ClusterError, ContainerView, PodChange, PodView,
 };
 use node_daemon::daemon::{Daemon, run};
 use node_daemon::devices::DeviceSource as _;
@@ -786,6 +787,39 @@ impl Cluster for GatedCluster {
         clock: node_daemon::epoch::CommitClock,
     ) -> futures::stream::BoxStream<'static, PodChange> {
         self.inner.pod_changes(node, clock)
+    }
+
+    fn resource_claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ClaimView>, ClusterError>> {
+        self.inner.resource_claim(namespace, name)
+    }
+
+    fn resource_claims(&self) -> BoxFuture<'_, Result<Vec<ClaimView>, ClusterError>> {
+        self.inner.resource_claims()
+    }
+
+    fn resource_slice<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ResourceSlice>, ClusterError>> {
+        self.inner.resource_slice(name)
+    }
+
+    fn write_resource_slice(
+        &self,
+        slice: ResourceSlice,
+    ) -> BoxFuture<'_, Result<ResourceSlice, ClusterError>> {
+        self.inner.write_resource_slice(slice)
+    }
+
+    fn resource_slice_changes(
+        &self,
+        name: &str,
+    ) -> futures::stream::BoxStream<'static, Option<ResourceSlice>> {
+        self.inner.resource_slice_changes(name)
     }
 }
 

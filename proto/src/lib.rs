@@ -2,6 +2,11 @@
 //!
 //! - [`deviceplugin::v1beta1`] and [`podresources::v1`]: the kubelet gRPC APIs,
 //!   generated at build time from the `.proto` files in `proto/proto/`.
+//! - [`dra::v1`] and [`pluginregistration::v1`]: the kubelet DRA plugin API
+//!   and the kubelet plugin-registration API (generated), with [`dra`]'s
+//!   names of gpuslice's DRA driver and the Kubernetes quantity codec its
+//!   capacities use.
+//! - [`cdi`]: the CDI spec file a prepared claim gets (pure builder).
 //! - [`hami`]: the HAMi scheduler ↔ device-plugin annotation protocol as pure
 //!   codecs (see `docs/protocol.md`).
 //! - [`accounting`]: how a pod's containers add up (app containers summed,
@@ -35,5 +40,20 @@ pub mod podresources {
     }
 }
 
+/// Kubelet plugin-registration API (the `plugins_registry` watcher).
+pub mod pluginregistration {
+    /// Kubelet plugin-registration API, version `v1` (generated; the proto
+    /// package is `pluginregistration`).
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    pub mod v1 {
+        tonic::include_proto!("pluginregistration");
+
+        /// `PluginInfo.type` of a DRA driver.
+        pub const DRA_PLUGIN: &str = "DRAPlugin";
+    }
+}
+
 pub mod accounting;
+pub mod cdi;
+pub mod dra;
 pub mod hami;

@@ -4,6 +4,7 @@
 //! ```text
 //!  kube watch (nodes, pods,  ──▶ owner task (ClusterModel) ◀── /filter, /bind
 //!   resourcequotas)                                    ◀── /webhook (quota room)
+//!  /webhook in DRA mode ──▶ ResourceClaimTemplates created in the pod's namespace
 //!  /healthz: process up     /readyz: nodes, pods and quotas listed once
 //!  /metrics (own port): HAMi's GPU, slice and quota gauges, our latency histograms
 //!  /ui (the metrics port): the live dashboard (crate::ui)
@@ -192,6 +193,11 @@ pub async fn run_on(
     ));
 
     let webhook = WebhookConfig::from(&settings);
+    // DRA mode creates the shape templates pods name; device-plugin mode
+    // never needs them.
+    let templates: Option<Arc<dyn crate::webhook::handler::Templates>> = (settings.mode
+        == crate::settings::Mode::Dra)
+        .then(|| Arc::new(crate::webhook::handler::KubeTemplates(client.clone())) as Arc<_>);
     let registry = Arc::new(Metrics::new());
     let extender = ExtenderState {
         model: model.clone(),
@@ -225,7 +231,9 @@ pub async fn run_on(
     let ready = web::Data::new(model);
     let server = HttpServer::new(move || {
         App::new()
-            .configure(|c| crate::webhook::handler::configure(c, webhook.clone()))
+            .configure(|c| {
+                crate::webhook::handler::configure_with(c, webhook.clone(), templates.clone());
+            })
             .configure(|c| crate::extender::handler::configure(c, extender.clone()))
             .app_data(ready.clone())
             .route("/healthz", web::get().to(healthz))

@@ -27,6 +27,46 @@ impl Named for Policy {
     }
 }
 
+// === The allocation mode ===
+
+/// How GPU slices are allocated in the cluster (`mode`, `--mode`): one
+/// value for the whole cluster, the chart's `mode` (see `docs/dra.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// HAMi's protocol: GPU pods go to kube-scheduler's extender profile,
+    /// the extender picks node and GPUs and writes annotations, the device
+    /// plugin hands the slice over in `Allocate`.
+    #[default]
+    DevicePlugin,
+    /// Dynamic Resource Allocation: the webhook turns a pod's GPU limits
+    /// into ResourceClaimTemplate references and kube-scheduler's own
+    /// DynamicResources plugin allocates; GPU pods are not routed to the
+    /// extender profile.
+    Dra,
+}
+
+impl Mode {
+    /// Both modes, in the order `--help` lists them.
+    pub const ALL: [Self; 2] = [Self::DevicePlugin, Self::Dra];
+
+    /// The name in settings and the chart.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DevicePlugin => "device-plugin",
+            Self::Dra => "dra",
+        }
+    }
+}
+
+impl Named for Mode {
+    const WHAT: &'static str = "mode";
+    const ALL: &'static [Self] = &Mode::ALL;
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
 // === How a setting spells a GPU policy: HAMi's names, exactly, or a comma
 // list of them (`mutex,binpack,numa`), so not one of a fixed list ===
 
@@ -73,6 +113,10 @@ mod gpu_policy_text {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Settings {
+    /// `device-plugin` (HAMi's extender and annotations) or `dra` (pods get
+    /// ResourceClaimTemplates, kube-scheduler allocates).
+    #[serde(with = "by_name")]
+    pub mode: Mode,
     /// Kubeconfig file; in-cluster configuration when unset.
     pub kubeconfig: Option<PathBuf>,
     /// Address of the webhook and extender server (`:443` means all interfaces).
@@ -124,6 +168,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
+            mode: Mode::DevicePlugin,
             kubeconfig: None,
             listen: SocketAddr::from(([0, 0, 0, 0], 443)),
             tls_cert: None,
@@ -199,6 +244,12 @@ impl Settings {
 #[derive(Debug, Default, clap::Args, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServeFlags {
+    /// How slices are allocated: device-plugin (the extender and HAMi's
+    /// annotations) or dra (ResourceClaimTemplates, kube-scheduler's
+    /// DynamicResources plugin allocates) [default: device-plugin].
+    #[arg(long, value_parser = named_parser::<Mode>())]
+    #[serde(with = "by_name::option")]
+    pub mode: Option<Mode>,
     /// Kubeconfig file [default: in-cluster configuration].
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -337,6 +388,7 @@ mod tests {
     #[test]
     fn every_flag_names_an_existing_key() {
         let flags = ServeFlags {
+            mode: Some(Mode::Dra),
             kubeconfig: Some("k".into()),
             listen: Some("127.0.0.1:8443".parse().unwrap()),
             tls_cert: Some("c".into()),
@@ -369,6 +421,7 @@ mod tests {
             assert!(keys.contains(key), "flag {key} has no config key");
         }
         assert_eq!(s.default_gpu_num, 3);
+        assert_eq!(s.mode, Mode::Dra);
         assert_eq!(s.resources.resource_cores, "a/cores");
         assert!(s.insecure_http);
         assert_eq!(s.listen, "127.0.0.1:8443".parse().unwrap());
@@ -620,6 +673,34 @@ mod tests {
             crate::serve::model_config(&s).scheduler.node_policy,
             Policy::Fgd
         );
+    }
+
+    #[test]
+    fn the_mode_is_read_from_the_file_the_environment_and_the_flag() {
+        assert_eq!(Settings::default().mode, Mode::DevicePlugin);
+        let s: Settings =
+            layered(Some(yaml("mode: dra\n")), &no_env, &ServeFlags::default()).unwrap();
+        assert_eq!(s.mode, Mode::Dra);
+        let env = |k: &str| (k == "GPUSLICE_MODE").then(|| "dra".to_owned());
+        let s: Settings = layered(None, &env, &ServeFlags::default()).unwrap();
+        assert_eq!(s.mode, Mode::Dra);
+        let s: Settings = layered(
+            Some(yaml("mode: dra\n")),
+            &no_env,
+            &flags(&["--mode", "device-plugin"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(s.mode, Mode::DevicePlugin, "the flag wins");
+        let err =
+            layered::<Settings, _>(Some(yaml("mode: DRA\n")), &no_env, &ServeFlags::default())
+                .unwrap_err()
+                .to_string();
+        assert_eq!(
+            err,
+            "mode from config file c.yaml: unknown mode `DRA` (one of: device-plugin, dra)"
+        );
+        let err = flags(&["--mode", "hybrid"]).unwrap_err().to_string();
+        assert!(err.contains("possible values: device-plugin, dra"), "{err}");
     }
 
     #[test]

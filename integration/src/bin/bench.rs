@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
-use integration::cluster::{Cluster, ClusterSpec, ControlPlaneKind};
+use integration::cluster::{Cluster, ClusterSpec, ControlPlaneKind, Mode};
 use integration::fake_apiserver::FakeApiServer;
 use integration::fake_scheduler::config::ExtenderConfig;
 use integration::fake_scheduler::extender::Extender;
@@ -94,6 +94,10 @@ struct Args {
     /// `chaos` on `real` leaves out the API faults and cut watches (only the fake injects them).
     #[arg(long, default_value = "fake")]
     control_plane: ControlPlaneKind,
+    /// Allocation mode of `burst` and `throughput`: `device-plugin` or `dra` (the chart's
+    /// `mode: dra`; needs `--control-plane real`).
+    #[arg(long, default_value = "device-plugin", value_parser = parse_mode)]
+    mode: Mode,
     /// Minutes of pod churn and faults for `chaos` (then it waits, up to about 75 s, for the cluster to settle).
     #[arg(long, default_value_t = 2.0)]
     chaos_minutes: f64,
@@ -106,6 +110,14 @@ struct Args {
 }
 
 type Row = (String, String, String);
+
+/// Reads `--mode`.
+fn parse_mode(value: &str) -> Result<Mode, String> {
+    Mode::ALL
+        .into_iter()
+        .find(|m| m.as_str() == value)
+        .ok_or_else(|| format!("unknown mode {value:?} (device-plugin, dra)"))
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -135,7 +147,7 @@ async fn main() -> anyhow::Result<()> {
         match which.as_str() {
             "burst" => rows.extend(burst(&args).await?),
             "throughput" => {
-                rows.extend(throughput(args.throughput_nodes, args.control_plane).await?)
+                rows.extend(throughput(args.throughput_nodes, args.control_plane, args.mode).await?)
             }
             "steady" => rows.extend(steady(args.steady_seconds).await?),
             "extender" => {
@@ -321,6 +333,7 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
             nodes: 1,
             gpus_per_node: 8,
             control_plane: args.control_plane,
+            mode: args.mode,
             ..ClusterSpec::default()
         })
         .await?;
@@ -340,8 +353,9 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
     Ok(vec![
         (
             format!(
-                "burst: 40 slice pods, 1 node × 8 GPUs ({} control plane)",
-                args.control_plane.as_str()
+                "burst: 40 slice pods, 1 node × 8 GPUs ({} control plane, {} mode)",
+                args.control_plane.as_str(),
+                args.mode.as_str()
             ),
             format!("seconds to settle (median of {})", times.len()),
             format!("{median:.2} s"),
@@ -359,11 +373,16 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
     ])
 }
 
-async fn throughput(nodes: usize, control_plane: ControlPlaneKind) -> anyhow::Result<Vec<Row>> {
+async fn throughput(
+    nodes: usize,
+    control_plane: ControlPlaneKind,
+    mode: Mode,
+) -> anyhow::Result<Vec<Row>> {
     let cluster = Cluster::start(ClusterSpec {
         nodes,
         gpus_per_node: 8,
         control_plane,
+        mode,
         ..ClusterSpec::default()
     })
     .await?;
@@ -380,8 +399,9 @@ async fn throughput(nodes: usize, control_plane: ControlPlaneKind) -> anyhow::Re
     Ok(vec![
         (
             format!(
-                "throughput: {count} slice pods, {nodes} nodes × 8 GPUs ({} control plane)",
-                control_plane.as_str()
+                "throughput: {count} slice pods, {nodes} nodes × 8 GPUs ({} control plane, {} mode)",
+                control_plane.as_str(),
+                mode.as_str()
             ),
             "pods/s (create → Running)".into(),
             format!("{rate:.1}"),

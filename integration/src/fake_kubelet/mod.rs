@@ -19,6 +19,10 @@
 //! - `podresources` — the pod-resources API (`List`, `Get`,
 //!   `GetAllocatableResources`) from the same state, when
 //!   [`Options::pod_resources_socket`] is set.
+//! - [`dra`] — the DRA manager: plugin watcher on `plugins_registry`,
+//!   `NodePrepareResources` before a pod's containers start,
+//!   `NodeUnprepareResources` after it ends; [`cdi`] resolves the CDI
+//!   devices a container gets into its env and mounts.
 //! - [`node`] — the Kubernetes side (node status, pod watch, pod status) over
 //!   any apiserver through `kube::Client`.
 //!
@@ -27,8 +31,10 @@
 //! entry point.
 
 pub mod admission;
+pub mod cdi;
 pub mod checkpoint;
 pub mod devices;
+pub mod dra;
 mod error;
 mod manager;
 pub mod node;

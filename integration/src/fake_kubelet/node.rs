@@ -4,10 +4,17 @@
 //! feeds them to the admission queue and writes the outcome back (pod status,
 //! an allocation annotation, a Warning event on rejection).
 //!
+//! With a [`DraManager`], an admitted pod that has resource claims has them
+//! prepared before it is reported running (retried with backoff, a Warning
+//! event `FailedPrepareDynamicResources` on the first failure, as kubelet's
+//! pod worker does), and unprepared once it is deleted or finished, before
+//! the deletion is confirmed.
+//!
 //! Owns only the translation between API objects and the fake kubelet's
 //! typed API ([`super::Admitter`]); admission itself happens there.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -22,6 +29,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::admission::{self, PodIdentity};
+use super::dra::DraManager;
 use super::record::{ALLOCATIONS_ANNOTATION, Outcome, PodAdmission};
 use super::{Admitter, FakeKubelet, NodeDevices};
 
@@ -93,6 +101,17 @@ impl NodeAgent {
         client: kube::Client,
         config: NodeConfig,
     ) -> Result<Self, NodeError> {
+        Self::start_with_dra(kubelet, client, config, None).await
+    }
+
+    /// [`NodeAgent::start`] with a DRA manager: pods' resource claims are
+    /// prepared before they run and unprepared after they end.
+    pub async fn start_with_dra(
+        kubelet: &FakeKubelet,
+        client: kube::Client,
+        config: NodeConfig,
+        dra: Option<Arc<DraManager>>,
+    ) -> Result<Self, NodeError> {
         ensure_node(&client, &config).await?;
         let capacity = tokio::spawn(sync_capacity(
             client.clone(),
@@ -104,6 +123,7 @@ impl NodeAgent {
             client.clone(),
             config.node_name.clone(),
             kubelet.admitter(),
+            dra.clone(),
             result_rx,
         ));
         let heartbeat = tokio::spawn(renew_node_lease(client.clone(), config.node_name.clone()));
@@ -111,6 +131,7 @@ impl NodeAgent {
             client,
             config.node_name.clone(),
             kubelet.admitter(),
+            dra,
             results,
         ));
         Ok(Self {
@@ -300,8 +321,10 @@ async fn watch_pods(
     client: kube::Client,
     node: String,
     admitter: Admitter,
+    dra: Option<Arc<DraManager>>,
     results: mpsc::UnboundedSender<oneshot::Receiver<Vec<PodAdmission>>>,
 ) {
+    let dra = dra.as_deref();
     let pods: Api<Pod> = Api::all(client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut stream = watcher(pods, config).default_backoff().boxed();
@@ -329,18 +352,24 @@ async fn watch_pods(
                 if admitter.retain_pods(active.clone()).await.is_err() {
                     return;
                 }
+                if let Some(dra) = dra {
+                    dra.retain(&active).await;
+                }
                 submitted.retain(|uid| active.contains(uid));
                 for pod in listed {
-                    batch.extend(on_pod(&client, &admitter, &mut submitted, pod).await);
+                    batch.extend(on_pod(&client, &admitter, dra, &mut submitted, pod).await);
                 }
             }
             watcher::Event::Apply(pod) => {
-                batch.extend(on_pod(&client, &admitter, &mut submitted, pod).await)
+                batch.extend(on_pod(&client, &admitter, dra, &mut submitted, pod).await)
             }
             watcher::Event::Delete(pod) => {
                 let uid = PodIdentity::of(&pod).uid;
                 submitted.remove(&uid);
                 let _ = admitter.remove_pod(&uid).await;
+                if let Some(dra) = dra {
+                    let _ = dra.unprepare(&uid).await;
+                }
             }
         }
         if !batch.is_empty() {
@@ -358,14 +387,21 @@ async fn watch_pods(
 async fn on_pod(
     client: &kube::Client,
     admitter: &Admitter,
+    dra: Option<&DraManager>,
     submitted: &mut BTreeSet<String>,
     pod: Pod,
 ) -> Option<Pod> {
     let id = PodIdentity::of(&pod);
     if pod.metadata.deletion_timestamp.is_some() {
-        // Graceful deletion: "stop" the containers, free the devices, and
-        // confirm the deletion as kubelet does (grace period 0).
+        // Graceful deletion: "stop" the containers, free the devices,
+        // unprepare the claims, and confirm the deletion as kubelet does
+        // (grace period 0).
         let _ = admitter.remove_pod(&id.uid).await;
+        if let Some(dra) = dra
+            && let Err(error) = dra.unprepare(&id.uid).await
+        {
+            warn!(%error, pod = %id.name, "unpreparing the pod's claims failed");
+        }
         let scoped: Api<Pod> = Api::namespaced(client.clone(), &id.namespace);
         if let Err(error) = scoped
             .delete(&id.name, &DeleteParams::default().grace_period(0))
@@ -377,45 +413,188 @@ async fn on_pod(
     }
     if admission::is_terminal(&pod) {
         let _ = admitter.remove_pod(&id.uid).await;
+        if let Some(dra) = dra {
+            let _ = dra.unprepare(&id.uid).await;
+        }
         return None;
     }
     submitted.insert(id.uid).then_some(pod)
 }
 
-/// Writes each admission outcome back to its pod, in admission order.
+/// Writes each admission outcome back to its pod, in admission order; a
+/// running pod with resource claims first has them prepared, on a task of
+/// its own (as kubelet's pod workers run side by side).
 async fn write_outcomes(
     client: kube::Client,
     node: String,
     admitter: Admitter,
+    dra: Option<Arc<DraManager>>,
     mut results: mpsc::UnboundedReceiver<oneshot::Receiver<Vec<PodAdmission>>>,
 ) {
+    // Dropped (and so aborted) with this task.
+    let mut workers = tokio::task::JoinSet::new();
     while let Some(rx) = results.recv().await {
         let Ok(admissions) = rx.await else { return };
+        while workers.try_join_next().is_some() {}
         for admission in admissions {
-            // Like kubelet's status manager, keep trying until the write lands
-            // or the pod is gone; a dropped outcome would leave it Pending forever.
-            let mut pause = Duration::from_millis(100);
-            for attempt in 1.. {
-                match write_outcome(&client, &node, &admission).await {
-                    Ok(()) => break,
-                    Err(error) if matches!(&error, NodeError::Api { source: kube::Error::Api(s), .. } if s.code == 404) =>
-                    {
-                        // Deleted while being admitted: nothing may keep its devices.
+            if let (Some(dra), Outcome::Running) = (&dra, &admission.outcome) {
+                let pods: Api<Pod> = Api::namespaced(client.clone(), &admission.namespace);
+                match pods.get_opt(&admission.name).await {
+                    Ok(Some(pod)) if has_claims(&pod) => {
+                        workers.spawn(prepare_then_write(
+                            client.clone(),
+                            node.clone(),
+                            admitter.clone(),
+                            dra.clone(),
+                            admission,
+                            pod,
+                        ));
+                        continue;
+                    }
+                    Ok(None) => {
                         let _ = admitter.remove_pod(&admission.uid).await;
-                        break;
+                        continue;
                     }
-                    Err(error) if attempt >= OUTCOME_ATTEMPTS => {
-                        warn!(%error, pod = %admission.name, attempt, "writing the admission outcome failed; giving up");
-                        break;
+                    _ => {}
+                }
+            }
+            write_until_landed(&client, &node, &admitter, &admission).await;
+        }
+    }
+}
+
+fn has_claims(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .is_some_and(|c| !c.is_empty())
+}
+
+/// Like kubelet's status manager, keeps trying until the write lands or the
+/// pod is gone; a dropped outcome would leave it Pending forever.
+async fn write_until_landed(
+    client: &kube::Client,
+    node: &str,
+    admitter: &Admitter,
+    admission: &PodAdmission,
+) {
+    let mut pause = Duration::from_millis(100);
+    for attempt in 1.. {
+        match write_outcome(client, node, admission).await {
+            Ok(()) => break,
+            Err(error) if matches!(&error, NodeError::Api { source: kube::Error::Api(s), .. } if s.code == 404) =>
+            {
+                // Deleted while being admitted: nothing may keep its devices.
+                let _ = admitter.remove_pod(&admission.uid).await;
+                break;
+            }
+            Err(error) if attempt >= OUTCOME_ATTEMPTS => {
+                warn!(%error, pod = %admission.name, attempt, "writing the admission outcome failed; giving up");
+                break;
+            }
+            Err(error) => {
+                warn!(%error, pod = %admission.name, attempt, "writing the admission outcome failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// kubelet's event reason when preparing a pod's claims fails.
+pub const FAILED_PREPARE: &str = "FailedPrepareDynamicResources";
+
+/// Prepares the pod's claims (kubelet's pod worker: on failure an event,
+/// then a retry with backoff, until it works or the pod is gone), then
+/// reports it running with what each container got.
+async fn prepare_then_write(
+    client: kube::Client,
+    node: String,
+    admitter: Admitter,
+    dra: Arc<DraManager>,
+    mut admission: PodAdmission,
+    mut pod: Pod,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &admission.namespace);
+    let mut pause = Duration::from_millis(200);
+    let mut warned = false;
+    loop {
+        match dra.prepare(&client, &pod).await {
+            Ok(records) => {
+                admission.containers.extend(records);
+                break;
+            }
+            Err(error) => {
+                warn!(%error, pod = %admission.name, "preparing dynamic resources failed; retrying");
+                if !warned {
+                    warned = true;
+                    let message = format!(
+                        "Failed to prepare dynamic resources: prepare dynamic resources: {error}"
+                    );
+                    record_event(&client, &node, &admission, FAILED_PREPARE, &message).await;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                match pods.get_opt(&admission.name).await {
+                    Ok(Some(p))
+                        if p.metadata.uid.as_deref() == Some(admission.uid.as_str())
+                            && p.metadata.deletion_timestamp.is_none() =>
+                    {
+                        pod = p;
                     }
-                    Err(error) => {
-                        warn!(%error, pod = %admission.name, attempt, "writing the admission outcome failed; retrying");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(2));
+                    Ok(_) => {
+                        let _ = admitter.remove_pod(&admission.uid).await;
+                        return;
                     }
+                    Err(_) => {}
                 }
             }
         }
+    }
+    write_until_landed(&client, &node, &admitter, &admission).await;
+}
+
+/// Records a Warning event about the admitted pod, as kubelet does.
+async fn record_event(
+    client: &kube::Client,
+    node: &str,
+    admission: &PodAdmission,
+    reason: &str,
+    message: &str,
+) {
+    let now = Timestamp::now();
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", admission.name)),
+            namespace: Some(admission.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(admission.name.clone()),
+            namespace: Some(admission.namespace.clone()),
+            uid: Some(admission.uid.clone()),
+            ..ObjectReference::default()
+        },
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        type_: Some("Warning".into()),
+        count: Some(1),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: None::<MicroTime>,
+        reporting_component: Some("kubelet".into()),
+        reporting_instance: Some(node.to_owned()),
+        source: Some(k8s_openapi::api::core::v1::EventSource {
+            component: Some("kubelet".into()),
+            host: Some(node.to_owned()),
+        }),
+        ..Event::default()
+    };
+    let events: Api<Event> = Api::namespaced(client.clone(), &admission.namespace);
+    if let Err(error) = events.create(&PostParams::default(), &event).await {
+        debug!(%error, "recording the event failed");
     }
 }
 

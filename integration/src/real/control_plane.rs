@@ -23,6 +23,17 @@ pub const ADMISSION_PLUGINS: &str = "NamespaceLifecycle,LimitRanger,ServiceAccou
 NodeRestriction,PodSecurity,Priority,ResourceQuota,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,\
 ValidatingAdmissionPolicy,MutatingAdmissionPolicy";
 
+/// The DRA feature gates DRA mode needs, set on kube-apiserver,
+/// kube-scheduler and kube-controller-manager alike. In v1.37.2
+/// (`pkg/features/kube_features.go`, and each binary's `--help`):
+/// `DynamicResourceAllocation` and `DRAExtendedResource` are GA and locked on
+/// (naming a locked gate only adds a warning), `DRAConsumableCapacity`
+/// (KEP-5075: many claims consume one device's `memory` and `cores`) is beta
+/// and on by default. It is named here so a change of default cannot turn DRA
+/// mode off unnoticed. The resource-claim controller, which creates a pod's
+/// claims from its templates, is among kube-controller-manager's `*`.
+pub const DRA_FEATURE_GATES: &str = "DRAConsumableCapacity=true";
+
 /// The range kube-apiserver allocates ClusterIPs from. It must be given, and
 /// nothing here may ever dial an address in it.
 pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16";
@@ -279,6 +290,7 @@ impl ControlPlane {
                 // One endpoint reconciler less: the "kubernetes" Service's
                 // endpoints would name 127.0.0.1, which validation refuses.
                 "--endpoint-reconciler-type=none".into(),
+                format!("--feature-gates={DRA_FEATURE_GATES}"),
                 "--profiling=false".into(),
                 "--v=1".into(),
             ],
@@ -347,6 +359,7 @@ impl ControlPlane {
                 },
                 "--leader-elect=false".into(),
                 format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
+                format!("--feature-gates={DRA_FEATURE_GATES}"),
                 "--profiling=false".into(),
                 "--v=1".into(),
             ],
@@ -558,6 +571,7 @@ impl ControlPlane {
             format!("--authorization-kubeconfig={k}"),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={port}"),
+            format!("--feature-gates={DRA_FEATURE_GATES}"),
             std::env::var("GPUSLICE_KUBE_SCHEDULER_V")
                 .map_or_else(|_| "--v=2".into(), |v| format!("--v={v}")),
         ];

@@ -33,8 +33,9 @@ pub struct Installed {
     pub scheduler_kubeconfig: PathBuf,
     /// A kubeconfig of the node-daemon's ServiceAccount.
     pub node_daemon_kubeconfig: PathBuf,
-    /// kube-scheduler's configuration from the chart's ConfigMap.
-    pub scheduler_config: String,
+    /// kube-scheduler's configuration from the chart's ConfigMap (none in
+    /// DRA mode: the chart runs no kube-scheduler there).
+    pub scheduler_config: Option<String>,
     /// The objects rendered.
     pub objects: Vec<Value>,
 }
@@ -111,11 +112,16 @@ pub async fn install(
 
     let scheduler_sa = name(component(&objects, "ServiceAccount", "scheduler")?);
     let daemon_sa = name(component(&objects, "ServiceAccount", "node-daemon")?);
-    let config_map = component(&objects, "ConfigMap", "scheduler")?;
-    let scheduler_config = config_map["data"]["config.yaml"]
-        .as_str()
-        .ok_or("the scheduler ConfigMap has no config.yaml")?
-        .to_owned();
+    let scheduler_config = match component(&objects, "ConfigMap", "scheduler") {
+        Ok(config_map) => Some(
+            config_map["data"]["config.yaml"]
+                .as_str()
+                .ok_or("the scheduler ConfigMap has no config.yaml")?
+                .to_owned(),
+        ),
+        Err(_) if objects.iter().any(|o| o["kind"] == "DeviceClass") => None,
+        Err(e) => return Err(e),
+    };
     Ok(Installed {
         tls,
         scheduler_kubeconfig: plane

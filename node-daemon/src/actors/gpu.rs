@@ -7,7 +7,10 @@ use std::sync::Arc;
 use actix::{Actor, Context, Handler, Message, Supervised};
 use tracing::{debug, info};
 
-use crate::ledger::{Committed, Epoch, LedgerError, LiveSnapshot, Slice, SliceKey, SliceLedger};
+use crate::ledger::{
+    ClaimError, ClaimSlice, Committed, Epoch, LedgerError, LiveSnapshot, Slice, SliceKey,
+    SliceLedger,
+};
 
 /// Holds a slice for a container (a verb: the GPU commits or refuses).
 #[derive(Debug, Clone, Message)]
@@ -44,6 +47,24 @@ pub struct ReleasePod {
 pub struct ReleasePodsExcept {
     /// The pods alive on the node as of one list, with its epoch.
     pub snapshot: Arc<LiveSnapshot>,
+}
+
+/// Holds a slice for a DRA claim (a verb: the GPU commits or refuses).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Committed, ClaimError>")]
+pub struct CommitClaim {
+    /// The claim's UID.
+    pub claim_uid: String,
+    /// What is held.
+    pub slice: ClaimSlice,
+}
+
+/// Frees a DRA claim's slice; answers what it held.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Option<ClaimSlice>")]
+pub struct ReleaseClaim {
+    /// The claim's UID.
+    pub claim_uid: String,
 }
 
 /// A copy of the ledger, for metrics and tests.
@@ -98,6 +119,24 @@ impl Handler<ReleaseSlice> for GpuActor {
 
     fn handle(&mut self, msg: ReleaseSlice, _: &mut Self::Context) -> Self::Result {
         self.ledger.release(&msg.key)
+    }
+}
+
+impl Handler<CommitClaim> for GpuActor {
+    type Result = Result<Committed, ClaimError>;
+
+    fn handle(&mut self, msg: CommitClaim, _: &mut Self::Context) -> Self::Result {
+        let out = self.ledger.commit_claim(&msg.claim_uid, msg.slice);
+        debug!(gpu = %self.uuid, claim = %msg.claim_uid, ?out, "commit claim");
+        out
+    }
+}
+
+impl Handler<ReleaseClaim> for GpuActor {
+    type Result = Option<ClaimSlice>;
+
+    fn handle(&mut self, msg: ReleaseClaim, _: &mut Self::Context) -> Self::Result {
+        self.ledger.release_claim(&msg.claim_uid)
     }
 }
 

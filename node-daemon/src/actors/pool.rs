@@ -10,9 +10,14 @@ use std::sync::Arc;
 
 use actix::{Addr, Supervisor};
 
-use super::gpu::{CommitSlice, GetLedger, GpuActor, ReleasePod, ReleasePodsExcept, ReleaseSlice};
+use super::gpu::{
+    CommitClaim, CommitSlice, GetLedger, GpuActor, ReleaseClaim, ReleasePod, ReleasePodsExcept,
+    ReleaseSlice,
+};
 use crate::epoch::CommitClock;
-use crate::ledger::{Committed, LedgerError, LiveSnapshot, Slice, SliceKey, SliceLedger};
+use crate::ledger::{
+    ClaimError, ClaimSlice, Committed, LedgerError, LiveSnapshot, Slice, SliceKey, SliceLedger,
+};
 
 /// Why a commit did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -20,6 +25,17 @@ pub enum CommitFailure {
     /// The GPU refused the slice.
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    /// No GPU of that UUID serves (not on this node, or stopping).
+    #[error("the GPU is not serving")]
+    Unavailable,
+}
+
+/// Why a claim's commit did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimFailure {
+    /// The GPU refused the claim's slice.
+    #[error(transparent)]
+    Ledger(#[from] ClaimError),
     /// No GPU of that UUID serves (not on this node, or stopping).
     #[error("the GPU is not serving")]
     Unavailable,
@@ -95,6 +111,41 @@ impl GpuPool {
     pub async fn release(&self, uuid: &str, key: SliceKey) -> Option<Slice> {
         let gpu = self.gpus.get(uuid)?;
         gpu.send(ReleaseSlice { key }).await.ok().flatten()
+    }
+
+    /// Holds `slice` for DRA claim `claim_uid` on GPU `uuid`.
+    ///
+    /// # Errors
+    /// [`ClaimFailure`]: the ledger's refusal, or no such GPU serving.
+    pub async fn commit_claim(
+        &self,
+        uuid: &str,
+        claim_uid: &str,
+        slice: ClaimSlice,
+    ) -> Result<Committed, ClaimFailure> {
+        let gpu = self.gpus.get(uuid).ok_or(ClaimFailure::Unavailable)?;
+        let msg = CommitClaim {
+            claim_uid: claim_uid.to_owned(),
+            slice,
+        };
+        match gpu.send(msg).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(ClaimFailure::Unavailable),
+        }
+    }
+
+    /// Frees DRA claim `claim_uid` on every GPU; how many GPUs it held.
+    pub async fn release_claim(&self, claim_uid: &str) -> usize {
+        let sends = self.gpus.values().map(|gpu| {
+            gpu.send(ReleaseClaim {
+                claim_uid: claim_uid.to_owned(),
+            })
+        });
+        futures::future::join_all(sends)
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Ok(Some(_))))
+            .count()
     }
 
     /// Frees every slice of pod `pod_uid` on every GPU; how many were freed.

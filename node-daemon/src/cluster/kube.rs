@@ -6,8 +6,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
 use serde_json::{Map, Value, json};
@@ -16,7 +17,8 @@ use crate::epoch::CommitClock;
 use crate::ledger::LiveSnapshot;
 
 use super::{
-    AnnotationPatch, Cluster, ClusterError, ContainerView, PodChange, PodView, lock_releasable_by,
+    AllocatedDevice, AnnotationPatch, ClaimView, Cluster, ClusterError, ContainerView, PodChange,
+    PodView, lock_releasable_by,
 };
 
 /// How many times a conflicting lock release is retried.
@@ -124,6 +126,39 @@ pub fn pod_view(pod: &Pod) -> PodView {
         terminating: meta.deletion_timestamp.is_some(),
         annotations: meta.annotations.clone().unwrap_or_default(),
         containers,
+    }
+}
+
+/// The daemon's view of a `ResourceClaim` object.
+#[must_use]
+pub fn claim_view(claim: &ResourceClaim) -> ClaimView {
+    let meta = &claim.metadata;
+    let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
+    let results = allocation
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| AllocatedDevice {
+            request: r.request.clone(),
+            driver: r.driver.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+            consumed: r
+                .consumed_capacity
+                .iter()
+                .flatten()
+                .map(|(k, q)| (k.clone(), q.0.clone()))
+                .collect(),
+        })
+        .collect();
+    ClaimView {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        allocated: allocation.is_some(),
+        results,
     }
 }
 
@@ -252,6 +287,109 @@ impl Cluster for KubeCluster {
         .boxed()
     }
 
+    fn resource_claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ClaimView>, ClusterError>> {
+        async move {
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+            let what = format!("get resourceclaim {namespace}/{name}");
+            let found = retrying(&what, false, || api.get_opt(name))
+                .await
+                .map_err(kube_error(what))?;
+            Ok(found.as_ref().map(claim_view))
+        }
+        .boxed()
+    }
+
+    fn resource_claims(&self) -> BoxFuture<'_, Result<Vec<ClaimView>, ClusterError>> {
+        async move {
+            let api: Api<ResourceClaim> = Api::all(self.client.clone());
+            let params = ListParams::default();
+            let what = "list resourceclaims".to_owned();
+            let list = retrying(&what, false, || api.list(&params))
+                .await
+                .map_err(kube_error(what))?;
+            Ok(list.items.iter().map(claim_view).collect())
+        }
+        .boxed()
+    }
+
+    fn resource_slice<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ResourceSlice>, ClusterError>> {
+        async move {
+            let api: Api<ResourceSlice> = Api::all(self.client.clone());
+            let what = format!("get resourceslice {name}");
+            retrying(&what, false, || api.get_opt(name))
+                .await
+                .map_err(kube_error(what))
+        }
+        .boxed()
+    }
+
+    fn write_resource_slice(
+        &self,
+        slice: ResourceSlice,
+    ) -> BoxFuture<'_, Result<ResourceSlice, ClusterError>> {
+        async move {
+            let api: Api<ResourceSlice> = Api::all(self.client.clone());
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let params = PostParams::default();
+            let (what, result) = if slice.metadata.resource_version.is_some() {
+                let what = format!("replace resourceslice {name}");
+                let result = retrying(&what, false, || api.replace(&name, &params, &slice)).await;
+                (what, result)
+            } else {
+                let what = format!("create resourceslice {name}");
+                let result = retrying(&what, false, || api.create(&params, &slice)).await;
+                (what, result)
+            };
+            match result {
+                Ok(stored) => Ok(stored),
+                Err(e) if is_conflict(&e) => Err(ClusterError::Conflict(what)),
+                Err(e) => Err(kube_error(what)(e)),
+            }
+        }
+        .boxed()
+    }
+
+    /// A watch on the one object (field selector `metadata.name`): each
+    /// event yields the object, a deletion `None`, a (re)list the object
+    /// found or `None`.
+    fn resource_slice_changes(&self, name: &str) -> BoxStream<'static, Option<ResourceSlice>> {
+        use kube::runtime::WatchStreamExt as _;
+        use kube::runtime::watcher::{self, Event};
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut listed: Option<ResourceSlice> = None;
+        watcher::watcher(api, config)
+            .default_backoff()
+            .filter_map(move |event| {
+                let change = match event {
+                    Ok(Event::Apply(slice)) => Some(Some(slice)),
+                    Ok(Event::Delete(_)) => Some(None),
+                    Ok(Event::Init) => {
+                        listed = None;
+                        None
+                    }
+                    Ok(Event::InitApply(slice)) => {
+                        listed = Some(slice);
+                        None
+                    }
+                    Ok(Event::InitDone) => Some(listed.take()),
+                    Err(error) => {
+                        tracing::warn!(%error, "resourceslice watch error; retrying");
+                        None
+                    }
+                };
+                futures::future::ready(change)
+            })
+            .boxed()
+    }
+
     /// The relist's snapshot is stamped when the watcher announces it
     /// (`Event::Init`, yielded before the LIST is requested), and the LIST
     /// is a quorum read (`ListSemantic::MostRecent`): a list served from
@@ -328,6 +466,30 @@ mod tests {
         assert!(view.terminating);
         assert_eq!((view.uid.as_str(), view.phase.as_str()), ("u1", "Pending"));
         assert_eq!(view.annotation("a"), Some("b"));
+    }
+
+    #[test]
+    fn claim_view_reads_the_allocation_results_and_consumed_capacity() {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": "n1", "device": "gpu-0",
+                 "shareID": "s-1", "consumedCapacity": {"memory": "3000Mi", "cores": "30"}},
+                {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": "n1", "device": "gpu-1"}
+            ]}}}
+        }))
+        .unwrap();
+        let view = claim_view(&claim);
+        assert!(view.allocated);
+        assert_eq!((view.namespace.as_str(), view.uid.as_str()), ("ns", "u1"));
+        assert_eq!(view.results.len(), 2);
+        assert_eq!(view.results[0].share_id.as_deref(), Some("s-1"));
+        assert_eq!(view.results[0].consumed["memory"], "3000Mi");
+        assert!(view.results[1].consumed.is_empty());
+        let pending: ResourceClaim =
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {}})).unwrap();
+        assert!(!claim_view(&pending).allocated);
     }
 
     #[test]

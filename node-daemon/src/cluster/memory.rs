@@ -13,7 +13,11 @@ use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
 use tokio::sync::watch;
 
-use super::{AnnotationPatch, Cluster, ClusterError, PodChange, PodView, lock_releasable_by};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+use super::{
+    AnnotationPatch, ClaimView, Cluster, ClusterError, PodChange, PodView, lock_releasable_by,
+};
 use crate::epoch::CommitClock;
 use crate::ledger::LiveSnapshot;
 
@@ -26,6 +30,14 @@ pub struct ClusterState {
     pub nodes: BTreeMap<String, BTreeMap<String, String>>,
     /// How many writes (patches) were applied.
     pub writes: u64,
+    /// `ResourceClaim`s.
+    pub claims: Vec<ClaimView>,
+    /// `ResourceSlice`s by name, each with a `resourceVersion`.
+    pub slices: BTreeMap<String, ResourceSlice>,
+    /// How many `ResourceSlice` writes (creates, replaces) were applied.
+    pub slice_writes: u64,
+    /// The last `resourceVersion` handed out.
+    pub resource_version: u64,
 }
 
 /// An in-memory API; clones share state.
@@ -61,6 +73,27 @@ impl MemoryCluster {
     pub fn delete_pod(&self, uid: &str) {
         self.state
             .send_modify(|s| s.pods.retain(|(_, p)| p.uid != uid));
+    }
+
+    /// Adds (or replaces, by UID) a `ResourceClaim`.
+    pub fn put_claim(&self, claim: ClaimView) {
+        self.state.send_modify(|s| {
+            s.claims.retain(|c| c.uid != claim.uid);
+            s.claims.push(claim);
+        });
+    }
+
+    /// A copy of the `ResourceSlice` `name`.
+    #[must_use]
+    pub fn slice(&self, name: &str) -> Option<ResourceSlice> {
+        self.state.borrow().slices.get(name).cloned()
+    }
+
+    /// Deletes the `ResourceSlice` `name` (as the kubelet does at its start).
+    pub fn delete_slice(&self, name: &str) {
+        self.state.send_modify(|s| {
+            s.slices.remove(name);
+        });
     }
 
     /// Sets (or with `None` removes) a node annotation.
@@ -201,6 +234,84 @@ impl Cluster for MemoryCluster {
                     .map(|(_, p)| p.uid.clone())
                     .collect();
                 Some((PodChange::Live(LiveSnapshot { live, taken_at }), rx))
+            }
+        })
+        .boxed()
+    }
+
+    fn resource_claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ClaimView>, ClusterError>> {
+        let found = self
+            .state
+            .borrow()
+            .claims
+            .iter()
+            .find(|c| c.namespace == namespace && c.name == name)
+            .cloned();
+        futures::future::ready(Ok(found)).boxed()
+    }
+
+    fn resource_claims(&self) -> BoxFuture<'_, Result<Vec<ClaimView>, ClusterError>> {
+        futures::future::ready(Ok(self.state.borrow().claims.clone())).boxed()
+    }
+
+    fn resource_slice<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ResourceSlice>, ClusterError>> {
+        futures::future::ready(Ok(self.slice(name))).boxed()
+    }
+
+    /// Creates or replaces like the API: a create of an existing name or a
+    /// replace with a stale `resourceVersion` is a conflict.
+    fn write_resource_slice(
+        &self,
+        mut slice: ResourceSlice,
+    ) -> BoxFuture<'_, Result<ResourceSlice, ClusterError>> {
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        let mut result = Err(ClusterError::Conflict(format!(
+            "write resourceslice {name}"
+        )));
+        self.state.send_if_modified(|s| {
+            let stored = s
+                .slices
+                .get(&name)
+                .and_then(|o| o.metadata.resource_version.clone());
+            if stored != slice.metadata.resource_version {
+                return false;
+            }
+            s.resource_version += 1;
+            slice.metadata.resource_version = Some(s.resource_version.to_string());
+            s.slices.insert(name.clone(), slice.clone());
+            s.slice_writes += 1;
+            result = Ok(slice.clone());
+            true
+        });
+        futures::future::ready(result).boxed()
+    }
+
+    /// The slice now, then after every change of it (by `resourceVersion`).
+    fn resource_slice_changes(&self, name: &str) -> BoxStream<'static, Option<ResourceSlice>> {
+        let name = name.to_owned();
+        let rx = self.state.subscribe();
+        let version =
+            |s: &Option<ResourceSlice>| s.as_ref().map(|s| s.metadata.resource_version.clone());
+        futures::stream::unfold((rx, None, true), move |(mut rx, seen, first)| {
+            let name = name.clone();
+            async move {
+                loop {
+                    if !first {
+                        rx.changed().await.ok()?;
+                    }
+                    let now = rx.borrow_and_update().slices.get(&name).cloned();
+                    if first || version(&now) != seen {
+                        let seen = version(&now);
+                        return Some((now, (rx, seen, false)));
+                    }
+                }
             }
         })
         .boxed()

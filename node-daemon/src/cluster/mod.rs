@@ -1,5 +1,7 @@
 //! The daemon's narrow view of the Kubernetes API: the pods bound to this
-//! node, the node lock, and the few annotation writes the protocol needs.
+//! node, the node lock, and the few annotation writes the protocol needs;
+//! in DRA mode, the node's `ResourceSlice` and the `ResourceClaim`s
+//! allocated to it.
 //!
 //! [`Cluster`] is the boundary; [`kube::KubeCluster`] implements it with a
 //! real kube-rs client (any apiserver, real or fake), `memory::MemoryCluster`
@@ -15,6 +17,7 @@ use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use proto::hami::node_lock::LockOwner;
 
 use crate::epoch::CommitClock;
@@ -73,6 +76,38 @@ impl PodView {
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(String::as_str)
     }
+}
+
+/// One device allocated to a DRA claim (`status.allocation.devices.results[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AllocatedDevice {
+    /// The claim's request this device serves.
+    pub request: String,
+    /// The driver.
+    pub driver: String,
+    /// The pool (for gpuslice, the node name).
+    pub pool: String,
+    /// The device name (`gpu-<index>`).
+    pub device: String,
+    /// The share of a device that allows multiple allocations.
+    pub share_id: Option<String>,
+    /// `consumedCapacity`: capacity name → quantity, as written.
+    pub consumed: BTreeMap<String, String>,
+}
+
+/// What the daemon needs to know about one `ResourceClaim`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClaimView {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// `status.allocation` is set.
+    pub allocated: bool,
+    /// The allocated devices (every driver's).
+    pub results: Vec<AllocatedDevice>,
 }
 
 /// A change of the set of pods that may hold slices on the node.
@@ -148,6 +183,37 @@ pub trait Cluster: Send + Sync + 'static {
         key: &'a str,
         value: String,
     ) -> BoxFuture<'a, Result<(), ClusterError>>;
+
+    /// The `ResourceClaim` `namespace/name`, if it exists.
+    fn resource_claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ClaimView>, ClusterError>>;
+
+    /// Every `ResourceClaim` of the cluster (a consistent read).
+    fn resource_claims(&self) -> BoxFuture<'_, Result<Vec<ClaimView>, ClusterError>>;
+
+    /// The cluster-scoped `ResourceSlice` `name`, if it exists.
+    fn resource_slice<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ResourceSlice>, ClusterError>>;
+
+    /// Creates `slice` (no `resourceVersion`) or replaces it (guarded by
+    /// its `resourceVersion`: [`ClusterError::Conflict`] when another
+    /// writer came first); returns the object as stored.
+    fn write_resource_slice(
+        &self,
+        slice: ResourceSlice,
+    ) -> BoxFuture<'_, Result<ResourceSlice, ClusterError>>;
+
+    /// The `ResourceSlice` `name` as it is now and after each change, from
+    /// now on (a watch; `None` while it does not exist; errors are retried
+    /// inside the stream). The kubelet deletes a node's slices when it
+    /// starts and when a driver stays unregistered, so the publisher must
+    /// see that.
+    fn resource_slice_changes(&self, name: &str) -> BoxStream<'static, Option<ResourceSlice>>;
 
     /// Pods of `node` going away, from now on (a watch; errors are retried
     /// inside the stream). Each [`PodChange::Live`] is stamped with

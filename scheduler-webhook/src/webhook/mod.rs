@@ -1,22 +1,27 @@
 //! The mutating admission webhook (`POST /webhook`).
 //!
-//! [`mutate`] decides for one pod (pure); [`review`] decodes an
+//! [`mutate`] decides for one pod (pure; in DRA mode it asks [`dra`] for
+//! the claim shape of each GPU container); [`review`] decodes an
 //! `AdmissionReview` (v1 or v1beta1) and encodes the answer in the same
 //! version with a base64 JSONPatch (pure); [`handler`] is the thin actix-web
 //! route around them, and the one place that asks the model for the
-//! namespace's quota room (§4 step 6, no API call).
+//! namespace's quota room (§4 step 6, no API call) and, in DRA mode, the
+//! one place that creates the ResourceClaimTemplates a pod names.
 
+pub mod dra;
 pub mod handler;
 pub mod mutate;
 pub mod review;
 
 use proto::hami::resources::ResourceNames;
 
-use crate::settings::Settings;
+use crate::settings::{Mode, Settings};
 
 /// What the webhook needs to know from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookConfig {
+    /// Device-plugin mode (route to the extender) or DRA mode (claims).
+    pub mode: Mode,
     /// Scheduler name GPU pods are routed to.
     pub scheduler_name: String,
     /// Extended resource names.
@@ -54,6 +59,7 @@ impl Default for WebhookConfig {
 impl From<&Settings> for WebhookConfig {
     fn from(s: &Settings) -> Self {
         Self {
+            mode: s.mode,
             scheduler_name: s.scheduler_name.clone(),
             resources: s.resources.clone(),
             default_memory: s.default_memory,

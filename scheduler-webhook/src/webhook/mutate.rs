@@ -8,16 +8,25 @@
 //! route to our scheduler (a
 //! pre-set `spec.nodeName` → deny); strip allocation annotations a user
 //! forged. Quota is checked by the caller, which owns the quota view.
+//!
+//! In DRA mode the same checks run, but a GPU container is rewritten to use
+//! a claim instead ([`super::dra`]): its slice resources leave its limits,
+//! the pod names one claim per GPU container from a shape template, and the
+//! pod is not routed to the extender profile (kube-scheduler allocates).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU32;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use proto::hami::keys;
 use proto::hami::scoring_weights::DeviceScoringWeights;
 
 use super::WebhookConfig;
+use super::dra::{self, Shape};
 use crate::quantity::parse_whole;
+use crate::settings::Mode;
 
 /// The scheduler name kube-scheduler uses when a pod names none.
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -45,6 +54,14 @@ pub enum Verdict {
     Unchanged,
     /// Admit with these changes (the whole mutated pod).
     Mutated(Box<Pod>),
+    /// DRA mode: admit with these changes, once the templates the pod's
+    /// claims name exist in its namespace.
+    Claimed {
+        /// The whole mutated pod.
+        pod: Box<Pod>,
+        /// One per distinct shape, sorted by name.
+        templates: Vec<ResourceClaimTemplate>,
+    },
     /// Refuse, with a message for the user.
     Denied(String),
 }
@@ -77,6 +94,9 @@ pub fn mutate(pod: &Pod, config: &WebhookConfig) -> Verdict {
         && name != DEFAULT_SCHEDULER
     {
         return Verdict::Unchanged;
+    }
+    if config.mode == Mode::Dra {
+        return claim(pod, config);
     }
 
     let mut out = pod.clone();
@@ -134,9 +154,132 @@ pub fn mutate(pod: &Pod, config: &WebhookConfig) -> Verdict {
     }
 }
 
-/// Validates one container and fills its defaults; `Ok(true)` when it uses
-/// a GPU afterwards.
-fn mutate_container(container: &mut Container, config: &WebhookConfig) -> Result<bool, String> {
+/// DRA mode: the pod with a claim per GPU container and the templates
+/// those claims name.
+fn claim(pod: &Pod, config: &WebhookConfig) -> Verdict {
+    let mut out = pod.clone();
+    let Some(out_spec) = out.spec.as_mut() else {
+        return Verdict::Denied("pod has no containers".to_owned());
+    };
+    let mut claims: Vec<(String, Shape)> = Vec::new();
+    let mut privileged = None;
+    let init = out_spec.init_containers.iter_mut().flatten();
+    for container in init.chain(out_spec.containers.iter_mut()) {
+        let shape = match claim_shape(container, config) {
+            Ok(Some(shape)) => shape,
+            Ok(None) => continue,
+            Err(message) => return Verdict::Denied(message),
+        };
+        let name = match dra::claim_name(&container.name) {
+            Ok(name) => name,
+            Err(message) => return Verdict::Denied(message),
+        };
+        if is_privileged(container) {
+            privileged.get_or_insert_with(|| container.name.clone());
+        }
+        dra::claim_container(container, &config.resources, &name);
+        claims.push((name, shape));
+    }
+    if claims.is_empty() {
+        return Verdict::Unchanged;
+    }
+    if let Some(name) = privileged {
+        return Verdict::Denied(format!(
+            "container {name} is privileged and asks for {}: a privileged container sees every GPU, so it cannot use a slice",
+            config.resources.resource_name
+        ));
+    }
+    if let Some(node) = out_spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        return Verdict::Denied(format!(
+            "spec.nodeName is set to {node}: pods asking for {} must be placed by kube-scheduler, which allocates their GPU claims, remove spec.nodeName",
+            config.resources.resource_name
+        ));
+    }
+    if let Err(message) = dra::claim_pod(out_spec, &claims) {
+        return Verdict::Denied(message);
+    }
+    // kube-scheduler's DynamicResources plugin allocates: a pod that names
+    // the extender profile goes to the default scheduler instead.
+    if out_spec.scheduler_name.as_deref() == Some(config.scheduler_name.as_str()) {
+        out_spec.scheduler_name = None;
+    }
+    if let Some(annotations) = out.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| !ALLOCATION_ANNOTATIONS.contains(&k.as_str()));
+    }
+    let shapes: BTreeSet<Shape> = claims.iter().map(|(_, s)| *s).collect();
+    let mut templates: Vec<ResourceClaimTemplate> = shapes.iter().map(Shape::template).collect();
+    templates.sort_by_key(|t| t.metadata.name.clone());
+    Verdict::Claimed {
+        pod: Box::new(out),
+        templates,
+    }
+}
+
+/// DRA mode: validates one container and works out the shape of its claim
+/// (`None` when it asks for no GPU); sets the priority env as in
+/// device-plugin mode. The same defaults apply: `defaultGPUNum` when only
+/// memory or cores are asked, `defaultMemory`, `memoryFactor`, and a whole
+/// card without cores is exclusive (`cores: 100`).
+fn claim_shape(container: &mut Container, config: &WebhookConfig) -> Result<Option<Shape>, String> {
+    let names = &config.resources;
+    let asked = asked(container, config)?;
+    let who = &container.name;
+    if asked.pct.is_some() {
+        return Err(format!(
+            "{} is not supported in DRA mode (container {who}): ask {} in MiB, or neither for the whole memory",
+            names.resource_mem_percentage, names.resource_mem
+        ));
+    }
+    let gpus = match asked.gpus {
+        Some(n) => n,
+        None if asked.asks_share() => i64::from(config.default_gpu_num),
+        None => 0,
+    };
+    if gpus == 0 {
+        return Ok(None);
+    }
+    let gpus = u32::try_from(gpus)
+        .ok()
+        .filter(|n| *n <= dra::MAX_GPUS)
+        .and_then(NonZeroU32::new)
+        .ok_or_else(|| {
+            format!(
+                "{} must be 1–{} in DRA mode, got {gpus} (container {who})",
+                names.resource_name,
+                dra::MAX_GPUS
+            )
+        })?;
+    let memory_mib = match asked.mem {
+        Some(0) => {
+            return Err(format!(
+                "{} must be at least 1 MiB, got 0 (container {who})",
+                names.resource_mem
+            ));
+        }
+        // In range: `asked` checked that the product fits an i32.
+        Some(mem) => u32::try_from(mem.saturating_mul(i64::from(config.memory_factor)))
+            .ok()
+            .and_then(NonZeroU32::new),
+        None => NonZeroU32::new(config.default_memory),
+    };
+    let cores = match asked.cores {
+        // In range: `asked` checked 0–100.
+        Some(c) => u32::try_from(c).unwrap_or(100),
+        None if memory_mib.is_none() => 100,
+        None => config.default_cores,
+    };
+    if let Some(priority) = asked.priority {
+        set_env(container, PRIORITY_ENV, &priority.to_string());
+    }
+    Ok(Some(Shape {
+        gpus,
+        memory_mib,
+        cores,
+    }))
+}
+
+/// Reads what a container asks for and checks the ranges both modes share.
+fn asked(container: &Container, config: &WebhookConfig) -> Result<Asked, String> {
     let names = &config.resources;
     let asked = Asked {
         gpus: quantity(container, &names.resource_name)?,
@@ -170,7 +313,14 @@ fn mutate_container(container: &mut Container, config: &WebhookConfig) -> Result
             names.resource_mem
         ));
     }
+    Ok(asked)
+}
 
+/// Validates one container and fills its defaults; `Ok(true)` when it uses
+/// a GPU afterwards.
+fn mutate_container(container: &mut Container, config: &WebhookConfig) -> Result<bool, String> {
+    let names = &config.resources;
+    let asked = asked(container, config)?;
     let gpus = match asked.gpus {
         Some(n) => n,
         None if asked.asks_share() && config.default_gpu_num > 0 => {
@@ -526,5 +676,172 @@ mod tests {
             &cfg,
         ));
         assert!(limits(&out, 0).contains_key("example.com/vgpu"));
+    }
+
+    // === DRA mode ===
+
+    fn dra() -> WebhookConfig {
+        WebhookConfig {
+            mode: Mode::Dra,
+            ..config()
+        }
+    }
+
+    fn claimed(verdict: Verdict) -> (Pod, Vec<String>) {
+        match verdict {
+            Verdict::Claimed { pod, templates } => (
+                *pod,
+                templates
+                    .into_iter()
+                    .map(|t| t.metadata.name.unwrap())
+                    .collect(),
+            ),
+            other => panic!("expected claims, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn dra_mode_turns_slice_limits_into_a_claim_from_a_shape_template() {
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000",
+            "nvidia.com/gpucores": "30", "cpu": "1"}));
+        p.spec.as_mut().unwrap().scheduler_name = Some("gpuslice-scheduler".into());
+        let (out, templates) = claimed(mutate(&p, &dra()));
+        assert_eq!(templates, ["gpuslice-1gpu-3000mi-30c"]);
+        let spec = serde_json::to_value(out.spec.unwrap()).unwrap();
+        assert_eq!(
+            spec["resourceClaims"],
+            json!([{"name": "gpuslice-c", "resourceClaimTemplateName": "gpuslice-1gpu-3000mi-30c"}])
+        );
+        assert_eq!(
+            spec["containers"][0]["resources"],
+            json!({"limits": {"cpu": "1"}, "claims": [{"name": "gpuslice-c"}]})
+        );
+        assert!(
+            spec.get("schedulerName").is_none(),
+            "not routed to the extender profile: {spec}"
+        );
+    }
+
+    #[test]
+    fn dra_mode_applies_the_same_defaults() {
+        let cases = [
+            (json!({"nvidia.com/gpu": "1"}), "gpuslice-1gpu-100c"),
+            (
+                json!({"nvidia.com/gpu": "2", "nvidia.com/gpucores": "20"}),
+                "gpuslice-2gpu-20c",
+            ),
+            (
+                json!({"nvidia.com/gpumem": "1000"}),
+                "gpuslice-1gpu-1000mi-0c",
+            ),
+            (json!({"nvidia.com/gpucores": "50"}), "gpuslice-1gpu-50c"),
+        ];
+        for (limits, want) in cases {
+            let (_, templates) = claimed(mutate(&gpu_pod(limits.clone()), &dra()));
+            assert_eq!(templates, [want], "{limits}");
+        }
+        let cfg = WebhookConfig {
+            default_memory: 2000,
+            default_cores: 10,
+            memory_factor: 2,
+            ..dra()
+        };
+        let (_, templates) = claimed(mutate(&gpu_pod(json!({"nvidia.com/gpu": "1"})), &cfg));
+        assert_eq!(templates, ["gpuslice-1gpu-2000mi-10c"]);
+        let (_, templates) = claimed(mutate(
+            &gpu_pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1500"})),
+            &cfg,
+        ));
+        assert_eq!(templates, ["gpuslice-1gpu-3000mi-10c"], "memoryFactor 2");
+    }
+
+    #[test]
+    fn dra_mode_gives_each_gpu_container_its_claim_and_shares_templates() {
+        let p = pod(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [{"name": "warm", "resources": {"limits": {"nvidia.com/gpumem": "500"}}}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"nvidia.com/gpumem": "500"}}},
+                    {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+                    {"name": "web"}
+                ]
+            }
+        }));
+        let (out, templates) = claimed(mutate(&p, &dra()));
+        assert_eq!(templates, ["gpuslice-1gpu-500mi-0c", "gpuslice-2gpu-100c"]);
+        let spec = out.spec.unwrap();
+        let claims: Vec<_> = spec
+            .resource_claims
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.name, c.resource_claim_template_name.unwrap()))
+            .collect();
+        assert_eq!(
+            claims,
+            [
+                ("gpuslice-warm".into(), "gpuslice-1gpu-500mi-0c".into()),
+                ("gpuslice-a".into(), "gpuslice-1gpu-500mi-0c".into()),
+                ("gpuslice-b".into(), "gpuslice-2gpu-100c".into()),
+            ]
+        );
+        assert!(spec.containers[2].resources.is_none(), "web is untouched");
+    }
+
+    #[test]
+    fn dra_mode_keeps_the_priority_as_env_and_leaves_cpu_pods_alone() {
+        let p = gpu_pod(
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "10", "nvidia.com/priority": "1"}),
+        );
+        let (out, _) = claimed(mutate(&p, &dra()));
+        let c = &out.spec.unwrap().containers[0];
+        assert!(c.env.iter().flatten().any(|e| e.name == PRIORITY_ENV));
+        assert!(c.resources.as_ref().unwrap().limits.is_none(), "{c:?}");
+        assert_eq!(
+            mutate(&gpu_pod(json!({"cpu": "1"})), &dra()),
+            Verdict::Unchanged
+        );
+    }
+
+    #[test]
+    fn dra_mode_denies_bad_input_precisely() {
+        let cases = [
+            (
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
+                "nvidia.com/gpumem-percentage is not supported in DRA mode (container c): ask nvidia.com/gpumem in MiB, or neither for the whole memory",
+            ),
+            (
+                json!({"nvidia.com/gpu": "33"}),
+                "nvidia.com/gpu must be 1–32 in DRA mode, got 33 (container c)",
+            ),
+            (
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "0"}),
+                "nvidia.com/gpumem must be at least 1 MiB, got 0 (container c)",
+            ),
+            (
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"}),
+                "nvidia.com/gpucores must be 0–100, got 101 (container c)",
+            ),
+        ];
+        for (limits, want) in cases {
+            assert_eq!(denied(mutate(&gpu_pod(limits), &dra())), want);
+        }
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1"}));
+        p.spec.as_mut().unwrap().node_name = Some("gpu-1".into());
+        assert!(denied(mutate(&p, &dra())).starts_with("spec.nodeName is set to gpu-1"));
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1"}));
+        p.spec.as_mut().unwrap().containers[0].name = "x".repeat(60);
+        assert!(denied(mutate(&p, &dra())).contains("too long for DRA mode"));
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1"}));
+        p.spec.as_mut().unwrap().containers[0].security_context =
+            Some(serde_json::from_value(json!({"privileged": true})).unwrap());
+        assert!(denied(mutate(&p, &dra())).contains("privileged"));
+    }
+
+    #[test]
+    fn dra_mode_leaves_pods_of_other_schedulers_alone() {
+        let mut p = gpu_pod(json!({"nvidia.com/gpu": "1"}));
+        p.spec.as_mut().unwrap().scheduler_name = Some("volcano".into());
+        assert_eq!(mutate(&p, &dra()), Verdict::Unchanged);
     }
 }

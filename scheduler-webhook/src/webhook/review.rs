@@ -6,6 +6,7 @@
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::{Value, json};
 
 use super::WebhookConfig;
@@ -53,6 +54,8 @@ pub struct Decision {
     api_version: String,
     uid: String,
     namespace: String,
+    /// `request.dryRun`: nothing may be created for this review.
+    dry_run: bool,
     /// `request.object` as sent (the patch is computed against it).
     object: Value,
     /// The pod as admitted when it is ours and asks for a GPU.
@@ -66,6 +69,23 @@ impl Decision {
     #[must_use]
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// Whether the review is a dry run (`kubectl apply --dry-run=server`):
+    /// side effects such as creating templates must not happen.
+    #[must_use]
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    /// The ResourceClaimTemplates the admitted pod names (DRA mode), to be
+    /// created in [`Decision::namespace`] before the pod is admitted.
+    #[must_use]
+    pub fn templates(&self) -> &[ResourceClaimTemplate] {
+        match &self.verdict {
+            Verdict::Claimed { templates, .. } => templates,
+            _ => &[],
+        }
     }
 
     /// What the admitted pod asks of its namespace quota, when it is routed
@@ -97,7 +117,7 @@ impl Decision {
                 "allowed": false,
                 "status": {"code": 403, "reason": "Forbidden", "message": message},
             }),
-            Verdict::Mutated(pod) => {
+            Verdict::Mutated(pod) | Verdict::Claimed { pod, .. } => {
                 let patch = pod_patch(&self.object, &pod)?;
                 json!({
                     "uid": uid,
@@ -161,7 +181,7 @@ pub fn decide(body: &[u8], config: &WebhookConfig) -> Result<Decision, BadReview
             let verdict = mutate(&pod, config);
             let admitted = match &verdict {
                 Verdict::Unchanged => Some(Box::new(pod)),
-                Verdict::Mutated(p) => Some(p.clone()),
+                Verdict::Mutated(p) | Verdict::Claimed { pod: p, .. } => Some(p.clone()),
                 Verdict::Denied(_) => None,
             };
             // Only pods our scheduler places are charged to the quota.
@@ -177,6 +197,10 @@ pub fn decide(body: &[u8], config: &WebhookConfig) -> Result<Decision, BadReview
         api_version: api_version.to_owned(),
         uid: uid.to_owned(),
         namespace: namespace.unwrap_or_else(|| "default".to_owned()),
+        dry_run: request
+            .get("dryRun")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         object: request.get("object").cloned().unwrap_or(Value::Null),
         gpu_pod,
         verdict,
