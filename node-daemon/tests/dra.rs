@@ -362,6 +362,18 @@ async fn a_restart_rebuilds_the_ledgers_from_the_allocated_claims() {
     cluster.put_claim(claim("big", NODE, &[("gpu-0", Some("6000Mi"), None)]));
     let big = prepare(&mut plugin, "big").await;
     assert!(big.error.contains("5360 MiB free"), "{}", big.error);
+    // The counted claim is deleted without ever being prepared (no
+    // Unprepare will come): its slice is freed, and `big` fits.
+    cluster.delete_claim("uid-held");
+    within("the deleted claim's slice freed", async {
+        loop {
+            if prepare(&mut plugin, "big").await.error.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     cluster.put_claim(claim("fits", NODE, &[("gpu-1", Some("15360Mi"), None)]));
     assert_eq!(prepare(&mut plugin, "fits").await.error, "");
     // The prepared claim survives a restart of the daemon; the spec of a
