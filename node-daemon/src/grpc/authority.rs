@@ -416,7 +416,7 @@ mod tests {
             let mut t = Translator::default();
             for block in blocks {
                 if let Ok(out) = t.translate(&block) {
-                    let mut again = Translator::default();
+                    let again = Translator::default();
                     let mut at = 0;
                     while at < out.len() {
                         let first = out[at];
