@@ -324,6 +324,9 @@ async fn run_dra(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let clock = CommitClock::new();
+    // Deletions from before the list on are seen (as far as the API's
+    // watch allows).
+    let cluster_deletions = cluster.claim_deletions();
     let claims = cluster.resource_claims().await?;
     let mut ledgers = rebuilt_ledgers(&node, &gpus, &[], clock.now());
     let held = crate::dra::driver::rebuild(&node, &gpus, &claims);
@@ -391,6 +394,11 @@ async fn run_dra(
         gpu_pool,
         inventory,
     );
+    let releaser = tokio::spawn(crate::dra::driver::release_deleted(
+        driver.clone(),
+        cluster_deletions,
+        stop.clone(),
+    ));
     let sockets = DraSockets {
         plugin_dir: settings.dra_plugin_dir.clone(),
         registry_dir: settings.plugin_registry_dir.clone(),
@@ -407,6 +415,7 @@ async fn run_dra(
     };
     let _ = stop_tx.send(true);
     let _ = publisher.await;
+    let _ = releaser.await;
     if let Some(metrics) = metrics {
         metrics.stop(true).await;
     }

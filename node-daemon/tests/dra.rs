@@ -362,6 +362,18 @@ async fn a_restart_rebuilds_the_ledgers_from_the_allocated_claims() {
     cluster.put_claim(claim("big", NODE, &[("gpu-0", Some("6000Mi"), None)]));
     let big = prepare(&mut plugin, "big").await;
     assert!(big.error.contains("5360 MiB free"), "{}", big.error);
+    // The counted claim is deleted without ever being prepared (no
+    // Unprepare will come): its slice is freed, and `big` fits.
+    cluster.delete_claim("uid-held");
+    within("the deleted claim's slice freed", async {
+        loop {
+            if prepare(&mut plugin, "big").await.error.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     cluster.put_claim(claim("fits", NODE, &[("gpu-1", Some("15360Mi"), None)]));
     assert_eq!(prepare(&mut plugin, "fits").await.error, "");
     // The prepared claim survives a restart of the daemon; the spec of a
@@ -433,4 +445,41 @@ async fn the_slice_is_written_on_change_only_and_leaves_out_unhealthy_gpus() {
     node.stop().await;
     assert_eq!(cluster.subscribe().borrow().slice_writes, 4);
     assert_eq!(cluster.slice(SLICE).unwrap().spec.pool.generation, 4);
+}
+
+/// A figure, not a check (run with `--ignored --nocapture`): prepares and
+/// unprepares per second over the socket, one claim per call, in sequence,
+/// against the in-memory cluster (so the daemon's own cost: gRPC, ledger
+/// actors, CDI file write and remove).
+#[actix::test]
+#[ignore = "a measurement; prints prepares/s"]
+async fn prepare_unprepare_rate() {
+    let cluster = MemoryCluster::new();
+    let n = 500;
+    for i in 0..n {
+        cluster.put_claim(claim(
+            &format!("r{i}"),
+            NODE,
+            &[("gpu-0", Some("10Mi"), Some("0"))],
+        ));
+    }
+    let node = Node::start(cluster.clone(), None).await;
+    let (_, mut plugin) = node.kubelet().await;
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        assert_eq!(prepare(&mut plugin, &format!("r{i}")).await.error, "");
+    }
+    let prepared = start.elapsed();
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        assert_eq!(unprepare(&mut plugin, &format!("r{i}")).await, "");
+    }
+    let unprepared = start.elapsed();
+    let rate = |d: Duration| f64::from(n) / d.as_secs_f64();
+    println!(
+        "{n} prepares in {prepared:?} ({:.0}/s), {n} unprepares in {unprepared:?} ({:.0}/s)",
+        rate(prepared),
+        rate(unprepared)
+    );
+    node.stop().await;
 }

@@ -32,6 +32,10 @@ struct ApiState {
     /// Bump the node's resourceVersion once right before the next PATCH,
     /// as a concurrent writer would.
     race_next_patch: bool,
+    /// The one `ResourceSlice` (`n1-gpu.gpuslice.dev`), if created.
+    slice: Option<Value>,
+    /// `ResourceClaim`s (all in namespace `ns`).
+    claims: Vec<Value>,
     /// `(method, path, status)`: fail the next matching request once.
     fail_once: Vec<(&'static str, &'static str, u16)>,
 }
@@ -130,11 +134,64 @@ async fn handle(
             merge(&mut s.pods[0], &patch);
             reply(StatusCode::OK, &s.pods[0])
         }
+        ("GET", "/apis/resource.k8s.io/v1/resourceclaims") => reply(
+            StatusCode::OK,
+            &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                    "metadata": {"resourceVersion": "9"}, "items": s.claims}),
+        ),
+        ("GET", p) if p.starts_with("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/") => {
+            let name = p.rsplit('/').next().unwrap();
+            match s.claims.iter().find(|c| c["metadata"]["name"] == name) {
+                Some(c) => reply(StatusCode::OK, c),
+                None => not_found(),
+            }
+        }
+        ("GET", SLICE_PATH) => match &s.slice {
+            Some(slice) => reply(StatusCode::OK, slice),
+            None => not_found(),
+        },
+        ("POST", "/apis/resource.k8s.io/v1/resourceslices") => {
+            if s.slice.is_some() {
+                return reply(
+                    StatusCode::CONFLICT,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists", "code": 409}),
+                );
+            }
+            let mut slice: Value = serde_json::from_slice(&body).unwrap();
+            slice["metadata"]["resourceVersion"] = json!("1");
+            s.slice = Some(slice.clone());
+            reply(StatusCode::CREATED, &slice)
+        }
+        ("PUT", SLICE_PATH) => {
+            let mut slice: Value = serde_json::from_slice(&body).unwrap();
+            let stored = s
+                .slice
+                .as_ref()
+                .map(|o| o["metadata"]["resourceVersion"].clone());
+            if stored.as_ref() != Some(&slice["metadata"]["resourceVersion"]) {
+                return reply(
+                    StatusCode::CONFLICT,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+                );
+            }
+            bump(&mut slice["metadata"]["resourceVersion"]);
+            s.slice = Some(slice.clone());
+            reply(StatusCode::OK, &slice)
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
         ),
     }
+}
+
+const SLICE_PATH: &str = "/apis/resource.k8s.io/v1/resourceslices/n1-gpu.gpuslice.dev";
+
+fn not_found() -> Response<Full<Bytes>> {
+    reply(
+        StatusCode::NOT_FOUND,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+    )
 }
 
 fn stand_in(lock: &str) -> (KubeCluster, Arc<Mutex<ApiState>>) {
@@ -319,4 +376,95 @@ async fn a_client_error_is_not_retried() {
     assert!(err.to_string().contains("patch pod ns/p"), "{err}");
     let s = state.lock().await;
     assert_eq!(s.log.iter().filter(|l| l.starts_with("PATCH")).count(), 1);
+}
+
+fn gpu(index: u32, healthy: bool) -> node_daemon::devices::Gpu {
+    node_daemon::devices::Gpu {
+        uuid: format!("GPU-{index}"),
+        index,
+        device_type: "NVIDIA-Tesla T4".into(),
+        memory_mib: 15_360,
+        cores: 100,
+        split_count: 10,
+        numa: 0,
+        healthy,
+        mig_profiles: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn the_slice_is_created_then_replaced_under_its_resource_version() {
+    use node_daemon::cluster::ClusterError;
+    use node_daemon::dra::slice::slice_update;
+    let (cluster, state) = stand_in("");
+    assert!(
+        cluster
+            .resource_slice("n1-gpu.gpuslice.dev")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let gpus = [gpu(0, true), gpu(1, true)];
+    let created = cluster
+        .write_resource_slice(slice_update("n1", &gpus, None).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(created.metadata.resource_version.as_deref(), Some("1"));
+    // A second create is a conflict, as a replace from a stale read is.
+    let again = cluster
+        .write_resource_slice(slice_update("n1", &gpus, None).unwrap())
+        .await;
+    assert!(matches!(again, Err(ClusterError::Conflict(_))), "{again:?}");
+    let sick = [gpu(0, true), gpu(1, false)];
+    let replaced = cluster
+        .write_resource_slice(slice_update("n1", &sick, Some(&created)).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(replaced.spec.pool.generation, 2);
+    assert_eq!(replaced.metadata.resource_version.as_deref(), Some("2"));
+    let stale = cluster
+        .write_resource_slice(
+            slice_update("n1", &[gpu(0, false), gpu(1, true)], Some(&created)).unwrap(),
+        )
+        .await;
+    assert!(matches!(stale, Err(ClusterError::Conflict(_))), "{stale:?}");
+    let log = state.lock().await.log.clone();
+    let methods: Vec<&str> = log.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(methods, ["GET", "POST", "POST", "PUT", "PUT"], "{log:?}");
+}
+
+#[tokio::test]
+async fn claims_are_read_by_name_and_listed() {
+    let (cluster, state) = stand_in("");
+    state.lock().await.claims.push(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+        "spec": {"devices": {}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": "n1", "device": "gpu-0",
+             "consumedCapacity": {"memory": "3000Mi"}}]}}}
+    }));
+    let claim = cluster.resource_claim("ns", "c").await.unwrap().unwrap();
+    assert_eq!(
+        (claim.uid.as_str(), claim.results[0].device.as_str()),
+        ("u1", "gpu-0")
+    );
+    assert!(
+        cluster
+            .resource_claim("ns", "nobody")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let all = cluster.resource_claims().await.unwrap();
+    assert_eq!(all.len(), 1);
+    let log = state.lock().await.log.clone();
+    assert_eq!(
+        log,
+        [
+            "GET /apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c",
+            "GET /apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/nobody",
+            "GET /apis/resource.k8s.io/v1/resourceclaims?",
+        ]
+    );
 }

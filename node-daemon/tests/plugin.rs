@@ -821,6 +821,10 @@ impl Cluster for GatedCluster {
     ) -> futures::stream::BoxStream<'static, Option<ResourceSlice>> {
         self.inner.resource_slice_changes(name)
     }
+
+    fn claim_deletions(&self) -> futures::stream::BoxStream<'static, String> {
+        self.inner.claim_deletions()
+    }
 }
 
 #[actix::test]

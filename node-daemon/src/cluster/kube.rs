@@ -356,6 +356,28 @@ impl Cluster for KubeCluster {
         .boxed()
     }
 
+    /// Only `Delete` events count: a claim missing from a relist may be
+    /// one created after it, and is left to the kubelet's Unprepare.
+    fn claim_deletions(&self) -> BoxStream<'static, String> {
+        use kube::runtime::WatchStreamExt as _;
+        use kube::runtime::watcher::{self, Event};
+        let api: Api<ResourceClaim> = Api::all(self.client.clone());
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .filter_map(|event| {
+                let uid = match event {
+                    Ok(Event::Delete(claim)) => claim.metadata.uid,
+                    Ok(_) => None,
+                    Err(error) => {
+                        tracing::warn!(%error, "resourceclaim watch error; retrying");
+                        None
+                    }
+                };
+                futures::future::ready(uid)
+            })
+            .boxed()
+    }
+
     /// A watch on the one object (field selector `metadata.name`): each
     /// event yields the object, a deletion `None`, a (re)list the object
     /// found or `None`.

@@ -32,6 +32,8 @@ pub struct ClusterState {
     pub writes: u64,
     /// `ResourceClaim`s.
     pub claims: Vec<ClaimView>,
+    /// UIDs of the `ResourceClaim`s deleted, in order.
+    pub deleted_claims: Vec<String>,
     /// `ResourceSlice`s by name, each with a `resourceVersion`.
     pub slices: BTreeMap<String, ResourceSlice>,
     /// How many `ResourceSlice` writes (creates, replaces) were applied.
@@ -80,6 +82,14 @@ impl MemoryCluster {
         self.state.send_modify(|s| {
             s.claims.retain(|c| c.uid != claim.uid);
             s.claims.push(claim);
+        });
+    }
+
+    /// Deletes the `ResourceClaim` with `uid`.
+    pub fn delete_claim(&self, uid: &str) {
+        self.state.send_modify(|s| {
+            s.claims.retain(|c| c.uid != uid);
+            s.deleted_claims.push(uid.to_owned());
         });
     }
 
@@ -291,6 +301,22 @@ impl Cluster for MemoryCluster {
             true
         });
         futures::future::ready(result).boxed()
+    }
+
+    /// The claims deleted after the call, in order.
+    fn claim_deletions(&self) -> BoxStream<'static, String> {
+        let rx = self.state.subscribe();
+        let seen = rx.borrow().deleted_claims.len();
+        futures::stream::unfold((rx, seen), |(mut rx, seen)| async move {
+            loop {
+                let next = rx.borrow_and_update().deleted_claims.get(seen).cloned();
+                if let Some(uid) = next {
+                    return Some((uid, (rx, seen + 1)));
+                }
+                rx.changed().await.ok()?;
+            }
+        })
+        .boxed()
     }
 
     /// The slice now, then after every change of it (by `resourceVersion`).

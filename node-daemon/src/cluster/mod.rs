@@ -215,6 +215,11 @@ pub trait Cluster: Send + Sync + 'static {
     /// see that.
     fn resource_slice_changes(&self, name: &str) -> BoxStream<'static, Option<ResourceSlice>>;
 
+    /// The UIDs of `ResourceClaim`s deleted from now on (a watch; errors
+    /// are retried inside the stream). A deleted claim's UID never comes
+    /// back, so its slices may be freed whenever the deletion is seen.
+    fn claim_deletions(&self) -> BoxStream<'static, String>;
+
     /// Pods of `node` going away, from now on (a watch; errors are retried
     /// inside the stream). Each [`PodChange::Live`] is stamped with
     /// `clock`'s reading taken before its list was requested, and the list

@@ -177,6 +177,33 @@ impl DraDriver {
     }
 }
 
+/// Frees the slices and removes the spec of every claim deleted from the
+/// API, until `shutdown` turns true or the deletions end: a claim the
+/// rebuild counted but the kubelet never prepared gets no Unprepare.
+pub async fn release_deleted(
+    driver: DraDriver,
+    mut deletions: futures::stream::BoxStream<'static, String>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use futures::StreamExt as _;
+    loop {
+        let uid = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            uid = deletions.next() => match uid {
+                Some(uid) => uid,
+                None => return,
+            },
+        };
+        let freed = driver.gpus.release_claim(&uid).await;
+        if freed > 0 {
+            info!(uid = %uid, gpus = freed, "claim deleted: its slices are free");
+        }
+        if let Err(error) = super::cdi::remove_spec(&driver.settings.cdi_dir, &uid).await {
+            warn!(uid = %uid, %error, "cannot remove the CDI spec of a deleted claim");
+        }
+    }
+}
+
 async fn create_shared_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     tokio::fs::create_dir_all(dir).await?;

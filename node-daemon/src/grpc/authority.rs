@@ -405,6 +405,34 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Whatever the client sends, the translation answers (a block or
+        /// an error) and never panics; what it emits never touches the
+        /// server's dynamic table.
+        #[test]
+        fn any_block_translates_or_is_refused(
+            blocks in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64), 1..4),
+        ) {
+            let mut t = Translator::default();
+            for block in blocks {
+                if let Ok(out) = t.translate(&block) {
+                    let again = Translator::default();
+                    let mut at = 0;
+                    while at < out.len() {
+                        let first = out[at];
+                        proptest::prop_assert!(first & 0xc0 != 0x40 && first & 0xe0 != 0x20);
+                        if first & 0x80 != 0 {
+                            read_int(&out, &mut at, 7).unwrap();
+                        } else {
+                            again.name(&out, &mut at, 4).unwrap();
+                            read_string(&out, &mut at).unwrap();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[tokio::test]
     async fn frames_pass_through_and_header_blocks_are_rewritten() {
         let mut input = PREFACE.to_vec();
