@@ -22,6 +22,14 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::core::policy::Policy;
 use crate::simulate::replay::{ReplayResult, ReplaySpec, replay, trace_distribution};
 
+/// The node list `simulate` reads by default: openb's 1,213 GPU nodes, shipped in the
+/// repository (`traces/openb/README.md`), relative to the repository root.
+pub const DEFAULT_NODES: &str = "traces/openb/openb_node_list_gpu_node.csv";
+
+/// The pod list `simulate` reads by default: openb's default trace, shipped beside
+/// [`DEFAULT_NODES`].
+pub const DEFAULT_PODS: &str = "traces/openb/openb_pod_list_default.csv";
+
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -34,11 +42,13 @@ pub enum OutputFormat {
 /// Flags of the `simulate` subcommand.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulateArgs {
-    /// Node list (openb CSV: sn, cpu_milli, memory_mib, gpu, model).
-    #[arg(long)]
+    /// Node list (openb CSV: sn, cpu_milli, memory_mib, gpu, model); by default the
+    /// openb GPU nodes shipped in `traces/openb/` (relative to the working directory).
+    #[arg(long, default_value = DEFAULT_NODES)]
     pub nodes: PathBuf,
-    /// Pod list (openb CSV: name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, …).
-    #[arg(long)]
+    /// Pod list (openb CSV: name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, …);
+    /// by default openb's default pod list shipped in `traces/openb/`.
+    #[arg(long, default_value = DEFAULT_PODS)]
     pub pods: PathBuf,
     /// binpack, spread, fgd, bestfit, random or all; repeatable or comma-separated.
     #[arg(
