@@ -66,7 +66,8 @@ pub struct Args {
     /// instances of one of its profiles instead (7 on an A100).
     #[arg(long, default_value_t = 10)]
     pub split_count: u32,
-    /// `demo`, `mig`, `burst`, or `openb:<pods.csv>`. `mig` runs the node-daemons in
+    /// `demo`, `mig`, `burst`, `openb` (openb's default pod list, shipped in
+    /// `traces/openb/`; run from the repository root) or `openb:<pods.csv>`. `mig` runs the node-daemons in
     /// `operatingMode: mig` (the GPU model must be MIG-capable: A100, H100, A30, with
     /// --gpu-memory its memory, e.g. 81920 for the 80 GB models) and submits pods sized to
     /// each MIG profile, plus `mig-no-room`, which stays Pending
@@ -374,6 +375,11 @@ fn pods_of(args: &Args) -> Result<Vec<Pod>, SandboxError> {
                 .collect())
         }
         "burst" => Ok(workload::burst(args.pods, args.gpu_memory)),
+        "openb" => Ok(workload::openb(
+            &PathBuf::from("traces/openb/openb_pod_list_default.csv"),
+            args.pods,
+            args.gpu_memory,
+        )?),
         other => match other.strip_prefix("openb:") {
             Some(path) => Ok(workload::openb(
                 &PathBuf::from(path),
@@ -381,7 +387,7 @@ fn pods_of(args: &Args) -> Result<Vec<Pod>, SandboxError> {
                 args.gpu_memory,
             )?),
             None => Err(SandboxError::Usage(format!(
-                "--workload must be demo, mig, burst or openb:<pods.csv>, got {other:?}"
+                "--workload must be demo, mig, burst, openb or openb:<pods.csv>, got {other:?}"
             ))),
         },
     }

@@ -532,7 +532,7 @@ mod tests {
         assert_eq!(
             err,
             "nodeSchedulerPolicy from config file c.yaml: unknown policy `packed` \
-             (one of: binpack, spread, fgd, bestfit, random)"
+             (one of: binpack, spread, fgd, bestfit, random, fgdpack)"
         );
 
         let env =
@@ -552,7 +552,7 @@ mod tests {
             .to_string();
         assert!(err.contains("invalid value 'packed'"), "{err}");
         assert!(
-            err.contains("possible values: binpack, spread, fgd, bestfit, random"),
+            err.contains("possible values: binpack, spread, fgd, bestfit, random, fgdpack"),
             "{err}"
         );
         let err = flags(&["--gpu-scheduler-policy", "fgd"])

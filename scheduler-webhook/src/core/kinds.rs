@@ -37,16 +37,20 @@ pub enum Policy {
     BestFit,
     /// Uniformly random.
     Random,
+    /// FGD with a coarser score and a packing tie break
+    /// (`crate::core::fgdpack`).
+    FgdPack,
 }
 
 impl Policy {
     /// Every policy.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Binpack,
         Self::Spread,
         Self::Fgd,
         Self::BestFit,
         Self::Random,
+        Self::FgdPack,
     ];
 
     /// The name used on the command line and in annotations.
@@ -58,7 +62,14 @@ impl Policy {
             Self::Fgd => "fgd",
             Self::BestFit => "bestfit",
             Self::Random => "random",
+            Self::FgdPack => "fgdpack",
         }
+    }
+
+    /// Whether the policy scores nodes with the fragmentation index.
+    #[must_use]
+    pub fn uses_fgd_index(self) -> bool {
+        matches!(self, Self::Fgd | Self::FgdPack)
     }
 
     /// Every name, comma separated, for messages and `--help`.
@@ -352,10 +363,13 @@ mod tests {
             assert_eq!(n.as_str().parse::<GpuPolicy>(), Ok(p));
             assert_eq!(GpuPolicy::parse_exact(&p.to_string()), Ok(p));
         }
-        assert_eq!(Policy::choices(), "binpack, spread, fgd, bestfit, random");
+        assert_eq!(
+            Policy::choices(),
+            "binpack, spread, fgd, bestfit, random, fgdpack"
+        );
         assert_eq!(
             PolicyError::Unknown("x".into()).to_string(),
-            "unknown scheduling policy \"x\" (binpack, spread, fgd, bestfit, random)"
+            "unknown scheduling policy \"x\" (binpack, spread, fgd, bestfit, random, fgdpack)"
         );
     }
 

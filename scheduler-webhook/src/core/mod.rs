@@ -37,6 +37,7 @@
 //! ```
 
 pub mod fgd;
+pub mod fgdpack;
 pub mod fit;
 pub mod kinds;
 pub mod mig;

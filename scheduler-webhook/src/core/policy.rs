@@ -20,6 +20,7 @@ use std::borrow::Cow;
 use proto::hami::pod_devices::{ContainerDevice, PodDevices};
 
 use crate::core::fgd::{FgdIndex, Scratch};
+use crate::core::fgdpack::{FgdPackParams, schedule_fgdpack};
 pub use crate::core::kinds::{GpuPolicy, GpuPolicyName, Policy, PolicyError};
 
 use crate::core::fit::{FitFailure, PodPicks, check_pod, fit_pod, order_independent};
@@ -38,6 +39,8 @@ pub struct SchedulerConfig {
     /// GPU score weights of a pod without `hami.io/device-scoring-weights`
     /// (HAMi: 1 each).
     pub weights: ScoringWeights,
+    /// The knobs of the `fgdpack` policy.
+    pub fgdpack: FgdPackParams,
 }
 
 impl Default for SchedulerConfig {
@@ -46,6 +49,7 @@ impl Default for SchedulerConfig {
             node_policy: Policy::Binpack,
             gpu_policy: GpuPolicy::SPREAD,
             weights: ScoringWeights::default(),
+            fgdpack: FgdPackParams::default(),
         }
     }
 }
@@ -106,8 +110,8 @@ pub enum ScheduleError {
         /// Every candidate, with why it did not fit.
         failed: Vec<(NodeId, FitFailure)>,
     },
-    /// The FGD policy was asked for without a fragmentation index.
-    #[error("fgd policy needs a fragmentation index")]
+    /// The FGD or fgdpack policy was asked for without a fragmentation index.
+    #[error("fgd and fgdpack policies need a fragmentation index")]
     MissingFgdIndex,
 }
 
@@ -381,6 +385,21 @@ pub fn schedule(
         };
         return schedule_fgd(cluster, req, candidates, weights, index, rng);
     }
+    if policy == Policy::FgdPack {
+        let Some(index) = fgd else {
+            return Err(ScheduleError::MissingFgdIndex);
+        };
+        let params = &cfg.fgdpack;
+        return match schedule_fgdpack(cluster, req, candidates, weights, index, params, rng) {
+            (Some(c), failed) => Ok(Decision {
+                node: c.node,
+                picks: c.picks,
+                score: c.score,
+                failed,
+            }),
+            (None, failed) => Err(ScheduleError::NoNodeFits { failed }),
+        };
+    }
     if matches!(policy, Policy::Binpack | Policy::Spread) && order_independent(req) {
         let ids: Vec<NodeId> = candidates.into_iter().collect();
         return by_verdict(cluster, req, &ids, cfg, rng, PARALLEL_SCAN_MIN);
@@ -408,8 +427,8 @@ pub fn schedule(
                 rng.shuffle(&mut order);
                 fit_pod(node, req, &order).map(|p| ((0.0, 0.0), p))
             }
-            // Answered by `schedule_fgd` above.
-            Policy::Fgd => continue,
+            // Answered by `schedule_fgd` and `schedule_fgdpack` above.
+            Policy::Fgd | Policy::FgdPack => continue,
         };
         match placed {
             Err(f) => failed.push((id, f)),

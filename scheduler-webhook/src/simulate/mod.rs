@@ -6,6 +6,7 @@
 //! This module owns the command line, file reading and output; the replay
 //! itself ([`mod@replay`]) is pure.
 
+pub mod bound;
 pub mod replay;
 pub mod report;
 pub mod trace;
@@ -19,8 +20,18 @@ use std::sync::mpsc;
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::core::fgdpack::FgdPackParams;
 use crate::core::policy::Policy;
+use crate::simulate::bound::{BOUND, bound_result};
 use crate::simulate::replay::{ReplayResult, ReplaySpec, replay, trace_distribution};
+
+/// The node list `simulate` reads by default: openb's 1,213 GPU nodes, shipped in the
+/// repository (`traces/openb/README.md`), relative to the repository root.
+pub const DEFAULT_NODES: &str = "traces/openb/openb_node_list_gpu_node.csv";
+
+/// The pod list `simulate` reads by default: openb's default trace, shipped beside
+/// [`DEFAULT_NODES`].
+pub const DEFAULT_PODS: &str = "traces/openb/openb_pod_list_default.csv";
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -34,13 +45,17 @@ pub enum OutputFormat {
 /// Flags of the `simulate` subcommand.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulateArgs {
-    /// Node list (openb CSV: sn, cpu_milli, memory_mib, gpu, model).
-    #[arg(long)]
+    /// Node list (openb CSV: sn, cpu_milli, memory_mib, gpu, model); by default the
+    /// openb GPU nodes shipped in `traces/openb/` (relative to the working directory).
+    #[arg(long, default_value = DEFAULT_NODES)]
     pub nodes: PathBuf,
-    /// Pod list (openb CSV: name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, …).
-    #[arg(long)]
+    /// Pod list (openb CSV: name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, …);
+    /// by default openb's default pod list shipped in `traces/openb/`.
+    #[arg(long, default_value = DEFAULT_PODS)]
     pub pods: PathBuf,
-    /// binpack, spread, fgd, bestfit, random or all; repeatable or comma-separated.
+    /// A policy (binpack, spread, fgd, bestfit, random, …), `bound` (an LP lower bound
+    /// on unallocated GPUs for the same arrivals) or `all` (every policy and the bound);
+    /// repeatable or comma-separated.
     #[arg(
         long = "policy",
         value_name = "POLICY",
@@ -76,6 +91,18 @@ pub struct SimulateArgs {
     /// Runs in parallel.
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
+    /// fgdpack: growth scale of the score's sigmoid, milli-GPU (fgd: 1000).
+    #[arg(long, default_value_t = FgdPackParams::default().temperature)]
+    pub fgdpack_temperature: f64,
+    /// fgdpack: number of score steps (fgd: 100).
+    #[arg(long, default_value_t = FgdPackParams::default().steps)]
+    pub fgdpack_steps: f64,
+    /// fgdpack: weight of CPU running ahead of GPU in the packing key (fgd: 0).
+    #[arg(long, default_value_t = FgdPackParams::default().cpu_balance)]
+    pub fgdpack_cpu_balance: f64,
+    /// fgdpack: weight of the node's bestfit leftover in the packing key (fgd: 0).
+    #[arg(long, default_value_t = FgdPackParams::default().leftover)]
+    pub fgdpack_leftover: f64,
 }
 
 /// Errors in the simulate flags.
@@ -85,24 +112,39 @@ pub enum ArgsError {
     #[error("bad seed {0:?}: expected N or A-B")]
     Seed(String),
     /// A policy name is unknown.
-    #[error("unknown policy {0:?}: {choices} or all", choices = Policy::choices())]
+    #[error("unknown policy {0:?}: {choices}, bound or all", choices = Policy::choices())]
     Policy(String),
     /// Demand not positive, or split count 0.
     #[error("{0}")]
     Range(&'static str),
 }
 
-/// Expands the policy flags (`all` means every policy).
+/// One row group of the report: a policy replayed, or the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// Replay the arrivals under this policy.
+    Policy(Policy),
+    /// The LP lower bound on unallocated GPUs ([`mod@bound`]).
+    Bound,
+}
+
+/// Expands the policy flags (`all` means every policy and the bound).
 ///
 /// # Errors
 /// An unknown name.
-pub fn parse_policies(values: &[String]) -> Result<Vec<Policy>, ArgsError> {
+pub fn parse_policies(values: &[String]) -> Result<Vec<Run>, ArgsError> {
     let mut out = Vec::new();
     for v in values {
-        if v.trim().eq_ignore_ascii_case("all") {
-            out.extend(Policy::ALL);
+        let t = v.trim();
+        if t.eq_ignore_ascii_case("all") {
+            out.extend(Policy::ALL.map(Run::Policy));
+            out.push(Run::Bound);
+        } else if t.eq_ignore_ascii_case(BOUND) {
+            out.push(Run::Bound);
         } else {
-            out.push(Policy::from_str(v).map_err(|_| ArgsError::Policy(v.clone()))?);
+            out.push(Run::Policy(
+                Policy::from_str(v).map_err(|_| ArgsError::Policy(v.clone()))?,
+            ));
         }
     }
     let mut seen = Vec::new();
@@ -167,16 +209,39 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
         .with_context(|| format!("parsing {}", args.pods.display()))?;
     let dist = trace_distribution(&pods);
 
+    let fgdpack = FgdPackParams {
+        temperature: args.fgdpack_temperature,
+        steps: args.fgdpack_steps,
+        cpu_balance: args.fgdpack_cpu_balance,
+        leftover: args.fgdpack_leftover,
+    };
+    if !(fgdpack.temperature > 0.0
+        && fgdpack.steps > 0.0
+        && fgdpack.cpu_balance.is_finite()
+        && fgdpack.leftover.is_finite())
+    {
+        return Err(ArgsError::Range(
+            "--fgdpack-temperature and --fgdpack-steps must be positive, --fgdpack-cpu-balance and --fgdpack-leftover finite",
+        )
+        .into());
+    }
     let mut specs = Vec::new();
     for &split_count in &args.split_counts {
-        for &policy in &policies {
+        for &run in &policies {
             for &seed in &seeds {
-                specs.push(ReplaySpec {
-                    policy,
-                    seed,
-                    demand: args.demand,
-                    split_count,
-                });
+                specs.push((
+                    run,
+                    ReplaySpec {
+                        policy: match run {
+                            Run::Policy(p) => p,
+                            Run::Bound => Policy::Fgd,
+                        },
+                        seed,
+                        demand: args.demand,
+                        split_count,
+                        fgdpack,
+                    },
+                ));
             }
         }
     }
@@ -199,20 +264,36 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
             scope.spawn(move || {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(spec) = specs.get(i) else { break };
+                    let Some((run, spec)) = specs.get(i) else {
+                        break;
+                    };
+                    let name = match run {
+                        Run::Policy(p) => p.as_str(),
+                        Run::Bound => BOUND,
+                    };
                     bar.set_message(format!(
-                        "{} split {} seed {}",
-                        spec.policy, spec.split_count, spec.seed
+                        "{name} split {} seed {}",
+                        spec.split_count, spec.seed
                     ));
                     let mut done = 0u64;
-                    let r = replay(nodes, pods, dist, spec, |f| {
-                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                        let pct = (f * 100.0) as u64;
-                        if pct > done {
-                            bar.inc(pct - done);
-                            done = pct;
+                    let r = match run {
+                        Run::Policy(_) => replay(nodes, pods, dist, spec, |f| {
+                            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                            let pct = (f * 100.0) as u64;
+                            if pct > done {
+                                bar.inc(pct - done);
+                                done = pct;
+                            }
+                        })
+                        .map_err(anyhow::Error::from),
+                        Run::Bound => {
+                            let r =
+                                bound_result(nodes, pods, spec.seed, spec.demand, spec.split_count)
+                                    .map_err(anyhow::Error::from);
+                            bar.inc(100);
+                            r
                         }
-                    });
+                    };
                     if tx.send((i, r)).is_err() {
                         break;
                     }
@@ -230,7 +311,15 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
     let results: Vec<ReplayResult> = results.into_iter().map(|(_, r)| r).collect();
 
     let text = match args.format {
-        OutputFormat::Table => report::table(&results),
+        OutputFormat::Table => {
+            let mut t = report::table(&results);
+            if policies.contains(&Run::Bound) {
+                t.push('\n');
+                t.push_str(bound::RELAXED);
+                t.push('\n');
+            }
+            t
+        }
         OutputFormat::Json => report::json_lines(&results)?,
     };
     out.write_all(text.as_bytes())?;
@@ -253,10 +342,17 @@ mod tests {
         );
         assert!(parse_seeds(&s(&["44-42"])).is_err());
         assert!(parse_seeds(&s(&["x"])).is_err());
-        assert_eq!(parse_policies(&s(&["all"])).unwrap().len(), 5);
         assert_eq!(
-            parse_policies(&s(&["fgd", "FGD", "bestfit"])).unwrap(),
-            vec![Policy::Fgd, Policy::BestFit]
+            parse_policies(&s(&["all"])).unwrap().len(),
+            Policy::ALL.len() + 1
+        );
+        assert_eq!(
+            parse_policies(&s(&["fgd", "FGD", "bestfit", "bound"])).unwrap(),
+            vec![
+                Run::Policy(Policy::Fgd),
+                Run::Policy(Policy::BestFit),
+                Run::Bound
+            ]
         );
         assert!(parse_policies(&s(&["dotprod"])).is_err());
     }
@@ -283,14 +379,18 @@ mod tests {
             format: OutputFormat::Json,
             plot: Some(svg.clone()),
             jobs: 2,
+            fgdpack_temperature: 2000.0,
+            fgdpack_steps: 100.0,
+            fgdpack_cpu_balance: 0.0,
+            fgdpack_leftover: 0.0,
         };
         let mut out = Vec::new();
         run_to(&args, &mut out).unwrap();
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out.lines().count(),
-            20,
-            "5 policies x 2 split counts x 2 seeds"
+            (Policy::ALL.len() + 1) * 2 * 2,
+            "every policy and the bound x 2 split counts x 2 seeds"
         );
         let chart = std::fs::read_to_string(&svg).unwrap();
         assert!(
@@ -314,6 +414,7 @@ mod tests {
                 seed: 1,
                 demand: 1.3,
                 split_count: 10,
+                fgdpack: FgdPackParams::default(),
             },
             |_| {},
         )
@@ -352,6 +453,10 @@ mod tests {
             format: OutputFormat::Table,
             plot: None,
             jobs: 1,
+            fgdpack_temperature: 2000.0,
+            fgdpack_steps: 100.0,
+            fgdpack_cpu_balance: 0.0,
+            fgdpack_leftover: 0.0,
         };
         assert!(run(&args).unwrap_err().to_string().contains("reading"));
         assert!(

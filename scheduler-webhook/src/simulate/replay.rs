@@ -10,6 +10,7 @@
 use serde::Serialize;
 
 use crate::core::fgd::{FgdIndex, MILLI_PER_GPU, ShapeDistribution};
+use crate::core::fgdpack::FgdPackParams;
 use crate::core::model::Cluster;
 use crate::core::policy::{GpuPolicy, Policy, SchedulerConfig, schedule};
 use crate::core::request::PodRequest;
@@ -28,6 +29,8 @@ pub struct ReplaySpec {
     pub demand: f64,
     /// HAMi split count of every GPU.
     pub split_count: u32,
+    /// The knobs of `fgdpack` (other policies ignore them).
+    pub fgdpack: FgdPackParams,
 }
 
 /// The outcome of one replay.
@@ -48,16 +51,47 @@ pub struct ReplayResult {
     /// Total GPUs × (1 − allocation ratio).
     pub unallocated_gpus: f64,
     /// Cluster fragmentation ÷ idle GPU capacity at the end, for the
-    /// trace's pod-shape distribution.
-    pub fragmentation_ratio: f64,
+    /// trace's pod-shape distribution (none for the bound, which places
+    /// nothing).
+    pub fragmentation_ratio: Option<f64>,
     /// Pods placed.
     pub pods_scheduled: u64,
     /// Pods that fit nowhere.
     pub pods_failed: u64,
     /// Pods that asked for a GPU and fit nowhere.
     pub gpu_pods_failed: u64,
-    /// `[arrived_demand, allocation_ratio]` at every 1 % of arrived demand.
+    /// `[arrived_demand, allocation_ratio]` at every 1 % of arrived demand
+    /// (the bound: every 10 %, and at the end).
     pub curve: Vec<[f64; 2]>,
+}
+
+/// The arrival sequence of a replay: indices into `pods`, the list shuffled
+/// with the seed, then sampled with replacement from the same generator,
+/// until the arrived GPU demand reaches `demand × capacity_milli`. The same
+/// for every policy (ties draw from another generator).
+#[must_use]
+pub fn arrivals(pods: &[PodRow], seed: u64, demand: f64, capacity_milli: u64) -> Vec<usize> {
+    let mut order_rng = SplitMix64::new(seed);
+    let mut order: Vec<usize> = (0..pods.len()).collect();
+    order_rng.shuffle(&mut order);
+    if pods.iter().all(|p| p.gpu_demand_milli() == 0) {
+        return Vec::new();
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let target = demand * capacity_milli as f64;
+    let mut arrived = 0u64;
+    let mut out = Vec::new();
+    #[allow(clippy::cast_precision_loss)]
+    while (arrived as f64) < target {
+        let i = if out.len() < order.len() {
+            order[out.len()]
+        } else {
+            order_rng.below(pods.len())
+        };
+        arrived += pods[i].gpu_demand_milli();
+        out.push(i);
+    }
+    out
 }
 
 /// Errors of a replay.
@@ -120,15 +154,16 @@ pub fn replay(
     let cfg = SchedulerConfig {
         node_policy: spec.policy,
         gpu_policy,
+        fgdpack: spec.fgdpack,
         ..SchedulerConfig::default()
     };
     let requests: Vec<PodRequest> = pods.iter().map(PodRow::request).collect();
-    let mut index = (spec.policy == Policy::Fgd).then(|| FgdIndex::new(dist, &cluster));
+    let mut index = spec
+        .policy
+        .uses_fgd_index()
+        .then(|| FgdIndex::new(dist, &cluster));
 
-    let mut order_rng = SplitMix64::new(spec.seed);
     let mut tie_rng = SplitMix64::new(spec.seed ^ 0x5E_ED0F_71E5);
-    let mut order: Vec<usize> = (0..pods.len()).collect();
-    order_rng.shuffle(&mut order);
 
     #[allow(clippy::cast_precision_loss)]
     let capacity = (total_gpus as u64 * u64::from(MILLI_PER_GPU)) as f64;
@@ -141,15 +176,9 @@ pub fn replay(
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let last_mark = (spec.demand * 100.0).round().max(0.0) as u64;
     let mut next_mark = 1u64;
-    let mut seq = 0usize;
-    #[allow(clippy::cast_precision_loss)]
-    while (arrived as f64) < target {
-        let i = if seq < order.len() {
-            order[seq]
-        } else {
-            order_rng.below(pods.len())
-        };
-        seq += 1;
+    let sequence = arrivals(pods, spec.seed, spec.demand, capacity_milli);
+    for (k, &i) in sequence.iter().enumerate() {
+        let seq = k + 1;
         let pod = &pods[i];
         let req = &requests[i];
         arrived += pod.gpu_demand_milli();
@@ -217,11 +246,11 @@ pub fn replay(
             (1.0 - used.min(1.0)) * f64::from(MILLI_PER_GPU)
         })
         .sum();
-    let fragmentation_ratio = if idle > 0.0 {
+    let fragmentation_ratio = Some(if idle > 0.0 {
         frag_index.cluster_fragmentation() / idle
     } else {
         0.0
-    };
+    });
     #[allow(clippy::cast_precision_loss)]
     Ok(ReplayResult {
         policy: spec.policy.to_string(),
@@ -270,6 +299,7 @@ mod tests {
             seed: 1,
             demand: 1.3,
             split_count: 10,
+            fgdpack: FgdPackParams::default(),
         }
     }
 
@@ -297,7 +327,7 @@ mod tests {
                     .windows(2)
                     .all(|w| w[0][0] <= w[1][0] && w[0][1] <= w[1][1])
             );
-            assert!((0.0..=1.0).contains(&a.fragmentation_ratio));
+            assert!((0.0..=1.0).contains(&a.fragmentation_ratio.unwrap()));
         }
     }
 

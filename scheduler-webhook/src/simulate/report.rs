@@ -63,19 +63,28 @@ pub fn table(results: &[ReplayResult]) -> String {
         "gpu failed"
     );
     for r in results {
-        let _ = writeln!(
+        let _ = write!(
             s,
-            "{:<8} {:>5} {:>6} {:>8.2} {:>11.1} {:>8.2} {:>9} {:>7} {:>10}",
+            "{:<8} {:>5} {:>6} {:>8.2} {:>11.1}",
             r.policy,
             r.split_count,
             r.seed,
             100.0 * r.allocation_ratio,
             r.unallocated_gpus,
-            100.0 * r.fragmentation_ratio,
-            r.pods_scheduled,
-            r.pods_failed,
-            r.gpu_pods_failed
         );
+        let _ = match r.fragmentation_ratio {
+            // A replay: it placed pods.
+            Some(f) => writeln!(
+                s,
+                " {:>8.2} {:>9} {:>7} {:>10}",
+                100.0 * f,
+                r.pods_scheduled,
+                r.pods_failed,
+                r.gpu_pods_failed
+            ),
+            // The bound places nothing.
+            None => writeln!(s, " {:>8} {:>9} {:>7} {:>10}", "-", "-", "-", "-"),
+        };
     }
     let Some(first) = results.first() else {
         return s;
@@ -92,16 +101,21 @@ pub fn table(results: &[ReplayResult]) -> String {
         "policy", "split", "seeds", "alloc %", "unalloc GPU", "frag %"
     );
     for ((policy, split), rs) in groups(results) {
-        let _ = writeln!(
+        let _ = write!(
             s,
-            "{:<8} {:>5} {:>6} {:>8.2} {:>11.1} {:>8.2}",
+            "{:<8} {:>5} {:>6} {:>8.2} {:>11.1}",
             policy,
             split,
             rs.len(),
             100.0 * mean(rs.iter().map(|r| r.allocation_ratio)),
             mean(rs.iter().map(|r| r.unallocated_gpus)),
-            100.0 * mean(rs.iter().map(|r| r.fragmentation_ratio)),
         );
+        let frags: Vec<f64> = rs.iter().filter_map(|r| r.fragmentation_ratio).collect();
+        let _ = if frags.is_empty() {
+            writeln!(s, " {:>8}", "-")
+        } else {
+            writeln!(s, " {:>8.2}", 100.0 * mean(frags.into_iter()))
+        };
     }
     s
 }

@@ -596,12 +596,12 @@ impl ClusterModel {
         }
         let name_of =
             |cluster: &Cluster, id| cluster.node(id).map(|n| n.name.clone()).unwrap_or_default();
-        // Only an fgd pod touches the index; binpack and spread do no
-        // per-node work for it.
+        // Only an fgd or fgdpack pod touches the index; binpack and spread
+        // do no per-node work for it.
         let fgd = request
             .node_policy
             .unwrap_or(self.config.scheduler.node_policy)
-            == Policy::Fgd;
+            .uses_fgd_index();
         // A node admits one bind at a time (the node lock, held from bind
         // to Allocate): while others fit, a node with a bind in flight is
         // not chosen, so a burst spreads instead of queueing on one lock.

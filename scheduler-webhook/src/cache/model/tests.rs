@@ -455,6 +455,28 @@ fn a_pod_annotated_fgd_goes_where_fragmentation_grows_least_not_to_the_fullest_n
     assert_eq!(model.fgd_rebuilds(), 1);
 }
 
+/// `fgdpack` is selectable as fgd is: by a pod's annotation, and as the
+/// cluster's default; it uses the same index, and on this case (growth
+/// 100 against 0) decides as fgd.
+#[test]
+fn fgdpack_is_selectable_per_pod_and_per_cluster() {
+    let mut model = half_and_third_used(config());
+    let pod = annotated(
+        slice_pod("p", 200, 20),
+        crate::core::request::NODE_POLICY,
+        "fgdpack",
+    );
+    assert_eq!(placed_on(&model.filter(&pod, &names(&["a", "b"]))), "b");
+    assert_eq!(model.fgd_rebuilds(), 1);
+
+    let mut cfg = config();
+    cfg.scheduler.node_policy = Policy::FgdPack;
+    let mut model = half_and_third_used(cfg);
+    let outcome = model.filter(&slice_pod("p", 200, 20), &names(&["a", "b"]));
+    assert_eq!(placed_on(&outcome), "b");
+    assert_eq!(model.fgd_rebuilds(), 1);
+}
+
 #[test]
 fn the_cluster_default_fgd_places_the_first_pod_on_an_empty_cluster() {
     let mut model = ClusterModel::new(fgd_config());
