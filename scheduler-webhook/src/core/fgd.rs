@@ -1,5 +1,5 @@
 //! Fragmentation and the FGD policy (fragmentation gradient descent, Weng
-//! et al., USENIX ATC '23; definition in `shared/traces/openb/README.md`).
+//! et al., USENIX ATC '23; definition in `traces/openb/README.md`).
 //!
 //! The fragmentation of a node, for a typical pod, is the idle GPU capacity
 //! that pod cannot use: all of it when the pod cannot fit the node at all
