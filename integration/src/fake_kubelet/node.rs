@@ -675,39 +675,7 @@ async fn write_outcome(
             let event_message = message
                 .strip_prefix("Pod was rejected: ")
                 .unwrap_or(message);
-            let event = Event {
-                metadata: ObjectMeta {
-                    generate_name: Some(format!("{}.", admission.name)),
-                    namespace: Some(admission.namespace.clone()),
-                    ..ObjectMeta::default()
-                },
-                involved_object: ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(admission.name.clone()),
-                    namespace: Some(admission.namespace.clone()),
-                    uid: Some(admission.uid.clone()),
-                    ..ObjectReference::default()
-                },
-                reason: Some(reason.clone()),
-                message: Some(event_message.to_owned()),
-                type_: Some("Warning".into()),
-                count: Some(1),
-                first_timestamp: Some(Time(now)),
-                last_timestamp: Some(Time(now)),
-                event_time: None::<MicroTime>,
-                reporting_component: Some("kubelet".into()),
-                reporting_instance: Some(node.to_owned()),
-                source: Some(k8s_openapi::api::core::v1::EventSource {
-                    component: Some("kubelet".into()),
-                    host: Some(node.to_owned()),
-                }),
-                ..Event::default()
-            };
-            let events: Api<Event> = Api::namespaced(client.clone(), &admission.namespace);
-            if let Err(error) = events.create(&PostParams::default(), &event).await {
-                debug!(%error, "recording the rejection event failed");
-            }
+            record_event(client, node, admission, reason, event_message).await;
             let status =
                 json!({"status": {"phase": "Failed", "reason": reason, "message": message}});
             pods.patch_status(
