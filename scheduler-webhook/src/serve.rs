@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use kube::Client;
@@ -25,6 +26,21 @@ use crate::extender::handler::ExtenderState;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::webhook::WebhookConfig;
+
+/// How long the webhook and extender server keeps an idle connection open.
+/// kube-apiserver (webhooks) and kube-scheduler (extender) reuse connections
+/// that Go's HTTP client keeps idle for up to 90 s (`IdleConnTimeout` of
+/// `http.DefaultTransport`). A server that closes them sooner (actix's
+/// default is 5 s) races the client: a request written just as the server
+/// closes fails with `write: broken pipe`, and kube-apiserver refuses the
+/// pod creation (`failed calling webhook`). Outliving the client's timeout
+/// leaves the closing to the client.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(100);
+
+/// Go's `http.DefaultTransport` idle connection timeout, which
+/// [`KEEP_ALIVE`] must exceed.
+const GO_IDLE_CONN_TIMEOUT: Duration = Duration::from_secs(90);
+const _: () = assert!(KEEP_ALIVE.as_secs() > GO_IDLE_CONN_TIMEOUT.as_secs());
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -239,6 +255,7 @@ pub async fn run_on(
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz))
     })
+    .keep_alive(KEEP_ALIVE)
     .shutdown_timeout(30);
     let io = |source| ServeError::Io {
         addr: listen,
