@@ -714,7 +714,9 @@ async fn run_watch(
 ) {
     shared.control.update(|s| s.open_watches += 1);
     let _open = OpenWatch(shared.clone());
-    cut.borrow_and_update();
+    // No `borrow_and_update` here: the receiver was subscribed before this
+    // watch counted as open, so a cut that lands in between (a test cuts
+    // as soon as it sees the watch open) still ends it.
     let mut current_rv = feed.resource_version;
     for event in &feed.replay {
         if let Some(line) = params.line_for(event)
