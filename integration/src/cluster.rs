@@ -867,7 +867,9 @@ impl Cluster {
             &installed.scheduler_kubeconfig,
             &installed.tls,
             Some(webhook_addr),
-            None,
+            // As the chart passes `--lease-namespace`: the service's
+            // ServiceAccount may take Leases only in the release namespace.
+            Some(install::NAMESPACE),
         )?;
         match &installed.scheduler_config {
             // kube-scheduler runs in the scheduler pod beside
@@ -1244,7 +1246,7 @@ impl Cluster {
             &self.webhook_kubeconfig,
             &self.tls,
             None,
-            None,
+            Some(crate::real::install::NAMESPACE),
         )?;
         let first = self.webhook_url.trim_start_matches("https://");
         let config = config.replace(&format!("https://{first}"), &format!("https://{api_addr}"));
@@ -1310,6 +1312,16 @@ impl Cluster {
             .map_err(|e| start_err("scheduler-webhook", e))
     }
 
+    /// The namespace of the service's Lease: the chart's release namespace on
+    /// the real control plane (its RBAC allows Leases only there), the
+    /// service's default on the stand-ins.
+    fn lease_namespace(&self) -> Option<&'static str> {
+        match self.plane {
+            Plane::Real(_) => Some(crate::real::install::NAMESPACE),
+            Plane::Fake { .. } => None,
+        }
+    }
+
     /// Starts the scheduler-webhook again on its port if it was stopped or
     /// killed (a no-op if it runs).
     ///
@@ -1331,7 +1343,7 @@ impl Cluster {
             &kubeconfig,
             &self.tls,
             Some(addr),
-            None,
+            self.lease_namespace(),
         )?;
         self.scheduler = service;
         self.metrics_url = format!("http://{metrics}/metrics");

@@ -3,7 +3,7 @@
 //! Event-driven: each helper runs a kube-rs watcher and re-checks on every
 //! change; nothing sleeps for a fixed time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::time::Duration;
 
@@ -36,7 +36,8 @@ pub enum HarnessError {
 }
 
 /// Waits until the list of objects selected by `params` (label and field
-/// selectors) satisfies `condition`; returns that list, sorted by
+/// selectors) satisfies `condition` (which sees the objects in no
+/// particular order, without a copy); returns that list, sorted by
 /// namespace/name.
 pub async fn wait_for_list<K>(
     api: Api<K>,
@@ -49,8 +50,8 @@ where
     K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
 {
     let mut stream = watcher(api, params).default_backoff().boxed();
-    let mut objects: BTreeMap<(String, String), K> = BTreeMap::new();
-    let mut buffer: Option<BTreeMap<(String, String), K>> = None;
+    let mut objects: Listed<K> = Listed::default();
+    let mut buffer: Option<Listed<K>> = None;
     let mut synced = false;
     let key = |o: &K| (o.namespace().unwrap_or_default(), o.name_any());
     let waiting = async {
@@ -59,13 +60,13 @@ where
                 return Err(HarnessError::WatchEnded(what.to_string()));
             };
             // Every event already waiting is applied before the condition
-            // is evaluated: the list is copied once per burst, not once per
-            // event (a burst of N pod updates would copy N lists of N pods).
+            // is evaluated, on the list in place: copying it per event
+            // would copy N lists of N pods for a burst of N pod updates.
             let mut next = Some(first);
             let mut ended = false;
             while let Some(event) = next.take() {
                 match event {
-                    Ok(watcher::Event::Init) => buffer = Some(BTreeMap::new()),
+                    Ok(watcher::Event::Init) => buffer = Some(Listed::default()),
                     Ok(watcher::Event::InitApply(o)) => {
                         if let Some(b) = buffer.as_mut() {
                             b.insert(key(&o), o);
@@ -91,11 +92,8 @@ where
                     None => {}
                 }
             }
-            if synced {
-                let list: Vec<K> = objects.values().cloned().collect();
-                if condition(&list) {
-                    return Ok(list);
-                }
+            if synced && condition(&objects.items) {
+                return Ok(objects.sorted());
             }
             if ended {
                 return Err(HarnessError::WatchEnded(what.to_string()));
@@ -107,8 +105,64 @@ where
         Err(_) => Err(HarnessError::Timeout {
             what: what.to_string(),
             deadline,
-            last: format!("{} object(s): {:?}", objects.len(), objects.keys()),
+            last: format!(
+                "{} object(s): {:?}",
+                objects.items.len(),
+                objects.at.keys().collect::<BTreeSet<_>>()
+            ),
         }),
+    }
+}
+
+/// The objects a watch shows, kept contiguous so a condition reads them
+/// in place.
+struct Listed<K> {
+    items: Vec<K>,
+    /// Where each `(namespace, name)` sits in `items`.
+    at: HashMap<(String, String), usize>,
+}
+
+impl<K> Default for Listed<K> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            at: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Resource> Listed<K> {
+    fn insert(&mut self, key: (String, String), object: K) {
+        match self.at.get(&key) {
+            Some(&i) => self.items[i] = object,
+            None => {
+                self.at.insert(key, self.items.len());
+                self.items.push(object);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &(String, String)) {
+        let Some(i) = self.at.remove(key) else {
+            return;
+        };
+        self.items.swap_remove(i);
+        if let Some(moved) = self.items.get(i) {
+            let moved_key = (moved.namespace().unwrap_or_default(), moved.name_any());
+            self.at.insert(moved_key, i);
+        }
+    }
+
+    fn sorted(&self) -> Vec<K>
+    where
+        K: Clone,
+    {
+        let mut keys: Vec<(&(String, String), usize)> =
+            self.at.iter().map(|(k, &i)| (k, i)).collect();
+        keys.sort_unstable();
+        keys.into_iter()
+            .map(|(_, i)| self.items[i].clone())
+            .collect()
     }
 }
 
@@ -256,4 +310,52 @@ pub async fn wait_for_scheduled(
     })
     .await?;
     Ok(bound_node(&pod).unwrap_or_default().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+    use std::collections::BTreeMap;
+
+    fn object(namespace: &str, name: &str, version: u32) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.to_owned()),
+                name: Some(name.to_owned()),
+                resource_version: Some(version.to_string()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn the_listed_objects_follow_inserts_and_removes_as_a_sorted_map_does() {
+        let mut listed: Listed<ConfigMap> = Listed::default();
+        let mut reference: BTreeMap<(String, String), ConfigMap> = BTreeMap::new();
+        let mut state: u64 = 11;
+        for version in 0..500u32 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let r = state >> 33;
+            let key = (format!("ns{}", r % 3), format!("o{}", (r >> 4) % 9));
+            if (r >> 12).is_multiple_of(3) {
+                listed.remove(&key);
+                reference.remove(&key);
+            } else {
+                let o = object(&key.0, &key.1, version);
+                listed.insert(key.clone(), o.clone());
+                reference.insert(key, o);
+            }
+            assert_eq!(listed.items.len(), reference.len());
+            assert_eq!(
+                listed.sorted(),
+                reference.values().cloned().collect::<Vec<_>>(),
+                "after step {version}"
+            );
+        }
+    }
 }

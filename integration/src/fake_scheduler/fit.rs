@@ -204,6 +204,14 @@ impl NodeUsage {
         add_into(&mut self.requested, requests);
         self.pods += 1;
     }
+
+    /// Takes back one pod's requests that [`NodeUsage::add`] counted.
+    pub fn take(&mut self, requests: &Resources) {
+        for (name, v) in requests {
+            *self.requested.entry(name.clone()).or_insert(0) -= v;
+        }
+        self.pods = self.pods.saturating_sub(1);
+    }
 }
 
 fn tolerates(pod: &Pod, taint: &Taint) -> bool {
@@ -240,9 +248,9 @@ pub fn filter_node(
     usage: &NodeUsage,
     ignored: &BTreeSet<String>,
 ) -> Vec<String> {
-    let spec = node.spec.clone().unwrap_or_default();
+    let spec = node.spec.as_ref();
     // NodeUnschedulable
-    if spec.unschedulable == Some(true) {
+    if spec.and_then(|s| s.unschedulable) == Some(true) {
         let taint = Taint {
             key: "node.kubernetes.io/unschedulable".into(),
             effect: "NoSchedule".into(),
@@ -253,17 +261,17 @@ pub fn filter_node(
         }
     }
     // NodeAffinity (nodeSelector)
-    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let labels = node.metadata.labels.as_ref();
     let selector = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref());
     if selector
         .into_iter()
         .flatten()
-        .any(|(k, v)| labels.get(k) != Some(v))
+        .any(|(k, v)| labels.and_then(|l| l.get(k)) != Some(v))
     {
         return vec!["node(s) didn't match Pod's node affinity/selector".into()];
     }
     // TaintToleration
-    for taint in spec.taints.iter().flatten() {
+    for taint in spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
         if (taint.effect == "NoSchedule" || taint.effect == "NoExecute") && !tolerates(pod, taint) {
             return vec![format!(
                 "node(s) had untolerated taint {{{}: {}}}",

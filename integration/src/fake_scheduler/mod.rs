@@ -16,7 +16,7 @@
 //!
 //! Owns: the handle ([`FakeScheduler::start`], [`FakeScheduler::shutdown`]),
 //! its counters ([`Stats`]) and error type. The loop is in [`scheduler`],
-//! the plugins in [`fit`], the queue in [`queue`], the HTTP client in
+//! the plugins in [`fit`], what each node holds in [`usage`], the queue in [`queue`], the HTTP client in
 //! [`extender`], the wire format in [`wire`], the Lease in [`leader`].
 
 pub mod config;
@@ -25,6 +25,7 @@ pub mod fit;
 pub mod leader;
 pub mod queue;
 pub mod scheduler;
+pub mod usage;
 pub mod wire;
 
 use std::time::Duration;

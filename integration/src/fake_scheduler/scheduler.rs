@@ -24,6 +24,7 @@ use super::config::SchedulerConfig;
 use super::extender::Extender;
 use super::fit::{self, NodeUsage, Resources};
 use super::queue::SchedulingQueue;
+use super::usage::UsageBook;
 use super::wire::ExtenderBindingArgs;
 
 const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -66,6 +67,9 @@ pub struct Scheduler {
     stats: watch::Sender<Stats>,
     nodes: BTreeMap<String, Node>,
     pods: BTreeMap<String, Pod>,
+    /// What the bound pods in `pods` hold per node (assumed pods are added
+    /// per attempt from `assumed`).
+    usage: UsageBook,
     node_buffer: Option<BTreeMap<String, Node>>,
     pod_buffer: Option<BTreeMap<String, Pod>>,
     nodes_synced: bool,
@@ -131,6 +135,7 @@ impl Scheduler {
             stats,
             nodes: BTreeMap::new(),
             pods: BTreeMap::new(),
+            usage: UsageBook::default(),
             node_buffer: None,
             pod_buffer: None,
             nodes_synced: false,
@@ -274,6 +279,7 @@ impl Scheduler {
                 if let Some(buffer) = self.pod_buffer.take() {
                     self.pods = buffer;
                 }
+                self.usage.reset(&self.pods);
                 self.pods_synced = true;
                 self.publish_synced();
                 let pending: Vec<(String, String)> = self
@@ -310,13 +316,14 @@ impl Scheduler {
             }
             watcher::Event::Apply(pod) => {
                 let key = key_of(&pod);
-                let old = self.pods.insert(key.clone(), pod.clone());
+                self.usage.apply(&key, &pod);
                 if node_name(&pod).is_some() {
                     self.assumed.remove(&key);
                     self.queue.forget(&key);
                 } else if self.ours_and_pending(&pod) {
-                    let updated = old
-                        .as_ref()
+                    let updated = self
+                        .pods
+                        .get(&key)
                         .is_none_or(|o| scheduling_view(o) != scheduling_view(&pod));
                     if updated && !self.assumed.contains_key(&key) {
                         self.queue.observe(&key, &uid_of(&pod), now);
@@ -324,10 +331,12 @@ impl Scheduler {
                 } else {
                     self.queue.forget(&key);
                 }
+                self.pods.insert(key, pod);
             }
             watcher::Event::Delete(pod) => {
                 let key = key_of(&pod);
                 self.pods.remove(&key);
+                self.usage.remove(&key);
                 self.assumed.remove(&key);
                 self.queue.forget(&key);
                 if node_name(&pod).is_some() {
@@ -335,24 +344,6 @@ impl Scheduler {
                 }
             }
         }
-    }
-
-    fn usage(&self) -> BTreeMap<String, NodeUsage> {
-        let mut usage: BTreeMap<String, NodeUsage> = BTreeMap::new();
-        for (key, pod) in &self.pods {
-            let Some(node) = node_name(pod).map(str::to_string) else {
-                continue;
-            };
-            if self.assumed.contains_key(key) {
-                continue;
-            }
-            let requests = fit::pod_requests(pod).unwrap_or_default();
-            usage.entry(node).or_default().add(&requests);
-        }
-        for a in self.assumed.values() {
-            usage.entry(a.node.clone()).or_default().add(&a.requests);
-        }
-        usage
     }
 
     async fn attempt(&mut self, key: &str) {
@@ -406,18 +397,25 @@ impl Scheduler {
             .as_ref()
             .map(|e| e.ignored().clone())
             .unwrap_or_default();
-        let usage = self.usage();
+        // The watch's bound pods, plus the pods assumed while they bind.
+        let mut with_assumed: HashMap<&str, NodeUsage> = HashMap::new();
+        for a in self.assumed.values() {
+            with_assumed
+                .entry(a.node.as_str())
+                .or_insert_with(|| self.usage.node(&a.node).cloned().unwrap_or_default())
+                .add(&a.requests);
+        }
         let empty = NodeUsage::default();
+        let usage_of = |name: &str| {
+            with_assumed
+                .get(name)
+                .or_else(|| self.usage.node(name))
+                .unwrap_or(&empty)
+        };
         let mut statuses: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut feasible: Vec<&Node> = Vec::new();
         for (name, node) in &self.nodes {
-            let reasons = fit::filter_node(
-                pod,
-                &requests,
-                node,
-                usage.get(name).unwrap_or(&empty),
-                &ignored,
-            );
+            let reasons = fit::filter_node(pod, &requests, node, usage_of(name), &ignored);
             if reasons.is_empty() {
                 feasible.push(node);
             } else {
@@ -466,8 +464,7 @@ impl Scheduler {
                 let mut best: Option<(i128, &Node)> = None;
                 for n in &feasible {
                     let name = n.metadata.name.as_deref().unwrap_or("");
-                    let score =
-                        fit::least_allocated_score(&requests, n, usage.get(name).unwrap_or(&empty));
+                    let score = fit::least_allocated_score(&requests, n, usage_of(name));
                     if best.is_none_or(|(s, _)| score > s) {
                         best = Some((score, n));
                     }

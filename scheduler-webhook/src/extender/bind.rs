@@ -56,7 +56,8 @@ pub enum BindFailure {
     LockTimeout {
         /// The node.
         node: String,
-        /// `namespace/pod` holding it.
+        /// `namespace/pod` holding it, or what kept the bind out when no
+        /// pod was named (a lock naming no pod, a lost race to take it).
         holder: String,
         /// How long we waited.
         waited: Duration,
@@ -354,6 +355,8 @@ async fn acquire_lock(
 ) -> Result<(), BindFailure> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(50);
+    // Who kept us out on the last round, for the refusal's message.
+    let mut holder = String::new();
     loop {
         let node = nodes
             .get(&args.node)
@@ -369,7 +372,6 @@ async fn acquire_lock(
             .and_then(|a| a.get(keys::NODE_LOCK))
             .map(String::as_str);
         let now = now_unix();
-        let mut holder = None;
         let take = match classify(current, &args.pod_namespace, &args.pod_name, now) {
             LockState::Ours => return Ok(()),
             LockState::Free => true,
@@ -377,7 +379,10 @@ async fn acquire_lock(
                 info!(node = %args.node, %why, "taking over node lock");
                 true
             }
-            LockState::HeldAnonymously => false,
+            LockState::HeldAnonymously => {
+                "a lock that names no pod".clone_into(&mut holder);
+                false
+            }
             LockState::HeldBy { owner, age_secs } => {
                 let owner_pods: Api<Pod> = Api::namespaced(client.clone(), &owner.namespace);
                 let pod =
@@ -391,7 +396,7 @@ async fn acquire_lock(
                 let who = format!("{}/{}", owner.namespace, owner.pod);
                 match (judge_holder(pod.as_ref(), &args.node, age_secs, now), pod) {
                     (Holder::Waiting, _) => {
-                        holder = Some(who);
+                        holder = who;
                         false
                     }
                     (Holder::Done(why), _) => {
@@ -399,7 +404,7 @@ async fn acquire_lock(
                         true
                     }
                     (Holder::Abandon(why), Some(pod)) => {
-                        holder = Some(who.clone());
+                        holder.clone_from(&who);
                         let marked = abandon(&owner_pods, &pod, &args.node).await?;
                         if marked {
                             info!(node = %args.node, holder = %who, %why, "holder marked abandoned; taking over node lock");
@@ -423,8 +428,11 @@ async fn acquire_lock(
                 .await
             {
                 Ok(_) => return Ok(()),
-                // Someone changed the node meanwhile: read it again.
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                // Someone changed the node meanwhile (most often another
+                // bind took the lock first): read it again.
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    "another bind that took it first".clone_into(&mut holder);
+                }
                 Err(source) => {
                     return Err(BindFailure::Api {
                         step: "lock node",
@@ -437,7 +445,7 @@ async fn acquire_lock(
         if waited >= lock_wait {
             return Err(BindFailure::LockTimeout {
                 node: args.node.clone(),
-                holder: holder.unwrap_or_else(|| "an unnamed holder".to_owned()),
+                holder,
                 waited,
             });
         }
