@@ -798,7 +798,13 @@ impl PodBook {
         if !placed {
             cluster.release(uid);
         }
-        self.set_stage(uid, Stage::Allocated { allocation, placed });
+        self.set_stage(
+            uid,
+            Stage::Allocated {
+                allocation: compact(allocation),
+                placed,
+            },
+        );
     }
 
     /// Drops a record that counts nothing, holds nothing and is charged
@@ -808,6 +814,20 @@ impl PodBook {
             self.records.remove(uid);
         }
     }
+}
+
+/// `allocation` with no spare capacity, as every pod's record keeps it for
+/// as long as the pod runs. The decoder grows each container's list one
+/// device at a time, so a one-slice container's list has room for four
+/// (224 bytes where 56 are used): 13 MiB over 80,000 pods.
+fn compact(mut allocation: Allocation) -> Allocation {
+    for container in &mut allocation.devices.0 {
+        container.shrink_to_fit();
+    }
+    allocation.devices.0.shrink_to_fit();
+    allocation.mig.shrink_to_fit();
+    allocation.node.shrink_to_fit();
+    allocation
 }
 
 #[cfg(test)]
