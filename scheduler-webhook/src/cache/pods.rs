@@ -883,6 +883,27 @@ mod tests {
     }
 
     #[test]
+    fn an_allocated_pod_keeps_its_allocation_without_spare_capacity() {
+        let (mut c, mut book) = setup();
+        // As the decoder leaves it: each list with room to spare.
+        let mut spare = allocation("a", 400, 40);
+        spare.devices.0.reserve(8);
+        spare.devices.0[0].reserve(8);
+        spare.node.reserve(64);
+        book.allocated(&mut c, "p", "ns", "pod", spare, || Some(shape(400)));
+        let Stage::Allocated { allocation, placed } = book.get("p").unwrap().stage() else {
+            panic!("not allocated: {:?}", book.get("p").unwrap().stage());
+        };
+        assert!(placed);
+        assert_eq!(allocation, &self::allocation("a", 400, 40));
+        assert_eq!(allocation.devices.0.capacity(), allocation.devices.0.len());
+        assert_eq!(allocation.devices.0[0].capacity(), 1);
+        assert_eq!(allocation.node.capacity(), allocation.node.len());
+        assert_eq!(used_mem(&c, 0), 400);
+        book.check(&c).unwrap();
+    }
+
+    #[test]
     fn a_pod_goes_filtered_reserved_bound_allocated_removed_with_every_sum_in_step() {
         let (mut c, mut book) = setup();
         book.filtering(&mut c, "p", "ns", "pod", shape(400));
