@@ -798,7 +798,13 @@ impl PodBook {
         if !placed {
             cluster.release(uid);
         }
-        self.set_stage(uid, Stage::Allocated { allocation, placed });
+        self.set_stage(
+            uid,
+            Stage::Allocated {
+                allocation: compact(allocation),
+                placed,
+            },
+        );
     }
 
     /// Drops a record that counts nothing, holds nothing and is charged
@@ -808,6 +814,20 @@ impl PodBook {
             self.records.remove(uid);
         }
     }
+}
+
+/// `allocation` with no spare capacity, as every pod's record keeps it for
+/// as long as the pod runs. The decoder grows each container's list one
+/// device at a time, so a one-slice container's list has room for four
+/// (224 bytes where 56 are used): 13 MiB over 80,000 pods.
+fn compact(mut allocation: Allocation) -> Allocation {
+    for container in &mut allocation.devices.0 {
+        container.shrink_to_fit();
+    }
+    allocation.devices.0.shrink_to_fit();
+    allocation.mig.shrink_to_fit();
+    allocation.node.shrink_to_fit();
+    allocation
 }
 
 #[cfg(test)]
@@ -860,6 +880,27 @@ mod tests {
 
     fn used_mem(cluster: &Cluster, node: NodeId) -> u64 {
         cluster.node(node).unwrap().usage[0].usedmem
+    }
+
+    #[test]
+    fn an_allocated_pod_keeps_its_allocation_without_spare_capacity() {
+        let (mut c, mut book) = setup();
+        // As the decoder leaves it: each list with room to spare.
+        let mut spare = allocation("a", 400, 40);
+        spare.devices.0.reserve(8);
+        spare.devices.0[0].reserve(8);
+        spare.node.reserve(64);
+        book.allocated(&mut c, "p", "ns", "pod", spare, || Some(shape(400)));
+        let Stage::Allocated { allocation, placed } = book.get("p").unwrap().stage() else {
+            panic!("not allocated: {:?}", book.get("p").unwrap().stage());
+        };
+        assert!(placed);
+        assert_eq!(allocation, &self::allocation("a", 400, 40));
+        assert_eq!(allocation.devices.0.capacity(), allocation.devices.0.len());
+        assert_eq!(allocation.devices.0[0].capacity(), 1);
+        assert_eq!(allocation.node.capacity(), allocation.node.len());
+        assert_eq!(used_mem(&c, 0), 400);
+        book.check(&c).unwrap();
     }
 
     #[test]
