@@ -15,7 +15,7 @@ use proto::hami::pod_devices::PodDevices;
 
 use crate::core::mig;
 pub use crate::core::model::PodUsage;
-use crate::core::model::{Cluster, GpuUse, Node, NodeId};
+use crate::core::model::{Cluster, GpuUse, Node, NodeId, PodMig};
 
 /// Errors changing the ledger.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,7 +121,7 @@ fn add_usage(node: &mut Node, p: &PodUsage) {
             g.usedcores = g.usedcores.saturating_add(u.usedcores);
         }
     }
-    for (pos, mask) in &p.mig {
+    for (pos, mask) in p.mig_masks() {
         if let Some(s) = node.mig_slices.get_mut(*pos) {
             *s |= mask;
         }
@@ -138,7 +138,7 @@ fn remove_usage(node: &mut Node, p: &PodUsage) {
             g.usedcores = g.usedcores.saturating_sub(u.usedcores);
         }
     }
-    for (pos, mask) in &p.mig {
+    for (pos, mask) in p.mig_masks() {
         if let Some(s) = node.mig_slices.get_mut(*pos) {
             *s &= !mask;
         }
@@ -237,7 +237,7 @@ impl Cluster {
         let gpus = pod_gpu_usage(n, devices, init_count)?;
         let mut base = n.mig_slices.clone();
         if let Some(old) = self.ledger.pods.get(uid).filter(|o| o.node == node) {
-            for (pos, mask) in &old.mig {
+            for (pos, mask) in old.mig_masks() {
                 if let Some(s) = base.get_mut(*pos) {
                     *s &= !mask;
                 }
@@ -272,8 +272,12 @@ impl Cluster {
         let usage = PodUsage {
             node,
             gpus,
-            mig: placed.masks,
-            mig_instances: placed.instances,
+            mig: (!placed.masks.is_empty() || !placed.instances.is_empty()).then(|| {
+                Box::new(PodMig {
+                    masks: placed.masks,
+                    instances: placed.instances,
+                })
+            }),
             cpu_milli: host.cpu_milli,
             memory_mib: host.memory_mib,
             committed,
@@ -356,7 +360,7 @@ impl Cluster {
         self.ledger
             .pods
             .get(uid)
-            .map_or(&[], |p| p.mig_instances.as_slice())
+            .map_or(&[], PodUsage::mig_instances)
     }
 
     /// What the pod holds, if anything.
