@@ -16,7 +16,8 @@
 //! node a fractional pod takes the GPU with the best score. Where it does
 //! not, because it measured better on openb: every shape of the trace is
 //! typical (the simulator keeps the most frequent 95 %), memory is part of
-//! a shape, and equal scores break by node fullness instead of at random.
+//! a shape, and equal scores break by node fullness instead of by the
+//! simulator's fixed seeded node order ([`FgdTies`]).
 //!
 //! This module owns the shape distribution (updated one pod at a time) and
 //! the [`FgdIndex`]: per-node fragmentation, kept current by refreshing only
@@ -37,6 +38,7 @@ use crate::core::fit::{
 };
 use crate::core::model::{Cluster, Gpu, GpuUse, Node, NodeId};
 use crate::core::request::{MemoryRequest, PodRequest};
+use crate::core::rng::SplitMix64;
 use crate::core::score::ScoringWeights;
 
 /// GPU capacity of one card in milli-GPU.
@@ -154,7 +156,46 @@ pub enum CpuOnlyFrag {
     WhenShort,
 }
 
+/// How FGD breaks equal node scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FgdTies {
+    /// A GPU pod goes to the fuller node (HAMi's binpack node score), which
+    /// keeps empty nodes whole; a CPU-only pod goes where CPU is least
+    /// needed by idle GPUs. Equal again: the seeded coin.
+    Fullness,
+    /// A seeded coin among the tied nodes, drawn anew at every decision, as
+    /// upstream kube-scheduler's `selectHost` does.
+    Coin,
+    /// One fixed node order, drawn once from this seed: every tie goes to
+    /// the node that comes first in it. This is what the paper's simulator
+    /// does: its kube-scheduler fork takes the lexicographically smallest
+    /// node name among equal scores, and the simulator renames every node
+    /// with a prefix from a seeded random permutation. A fixed order acts
+    /// as first fit among equal scores, so it packs.
+    NodeOrder(u64),
+}
+
+impl FgdTies {
+    /// The key of node `id` under [`FgdTies::NodeOrder`]: higher comes
+    /// first. A seeded hash of the node id, so the order is a uniformly
+    /// random one, fixed for the seed, and a node added later gets its
+    /// place without reshuffling the others. 53 bits, exact in an `f64`.
+    #[must_use]
+    pub fn node_order_key(seed: u64, id: NodeId) -> f64 {
+        let id = u64::try_from(id).unwrap_or(u64::MAX);
+        let mut rng = SplitMix64::new(seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        #[allow(clippy::cast_precision_loss)] // 53 bits: exact
+        let key = (rng.next_u64() >> 11) as f64;
+        key
+    }
+}
+
 /// How the typical pods are chosen and fragmentation is scored.
+///
+/// The paper's simulator, as its published experiments ran it
+/// (`docs/benchmarks.md`): coverage 0.95, no memory,
+/// [`CpuOnlyFrag::AllIdle`], integer score, [`FgdTies::NodeOrder`], GPU by
+/// score.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FgdParams {
     /// The most frequent shapes that together cover at least this share of
@@ -168,9 +209,8 @@ pub struct FgdParams {
     /// `⌊100 · sigmoid(−growth / 1000)⌋`, so growths that round to the same
     /// integer tie; else the growth itself is the score.
     pub quantize: bool,
-    /// Break equal node scores by node fullness (GPU pods) or spare CPU per
-    /// idle GPU (CPU-only pods); else by the seeded coin only.
-    pub tie_by_fullness: bool,
+    /// How equal node scores break.
+    pub ties: FgdTies,
     /// Choose the GPU inside a node by the (possibly quantized) score, the
     /// lowest index on ties, as the paper's simulator; else by the exact
     /// growth, the least free share on ties.
@@ -188,7 +228,7 @@ impl Default for FgdParams {
             memory: true,
             cpu_only: CpuOnlyFrag::AllIdle,
             quantize: true,
-            tie_by_fullness: true,
+            ties: FgdTies::Fullness,
             gpu_by_score: true,
         }
     }
