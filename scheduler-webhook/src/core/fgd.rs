@@ -215,6 +215,10 @@ pub struct FgdParams {
     /// lowest index on ties, as the paper's simulator; else by the exact
     /// growth, the least free share on ties.
     pub gpu_by_score: bool,
+    /// A typical pod asking `n` whole GPUs counts as `1 + n x gpu_weight`
+    /// pods, so multi-GPU shapes weigh more in fragmentation (the paper's
+    /// simulator's `gpuResWeight`, 0 in its experiments). 0: by pods.
+    pub gpu_weight: f64,
 }
 
 /// The defaults, measured on openb (`docs/benchmarks.md`): every shape of
@@ -230,6 +234,7 @@ impl Default for FgdParams {
             quantize: true,
             ties: FgdTies::Fullness,
             gpu_by_score: true,
+            gpu_weight: 0.0,
         }
     }
 }
@@ -258,6 +263,19 @@ fn typical_groups(dist: &ShapeDistribution, params: &FgdParams) -> Vec<Group> {
         *merged
             .entry(((s.gpus, s.milli, s.types.clone()), s.cpu_milli, mem))
             .or_insert(0.0) += f;
+    }
+    if params.gpu_weight != 0.0 {
+        // Whole-GPU shapes weigh 1 + GPUs x gpu_weight pods, then the
+        // weights are renormalized (the simulator's `gpuResWeight`).
+        for (((gpus, milli, _), _, _), f) in &mut merged {
+            if *gpus > 0 && *milli >= MILLI_PER_GPU {
+                *f *= 1.0 + f64::from(*gpus) * params.gpu_weight;
+            }
+        }
+        let total: f64 = merged.values().sum();
+        if total > 0.0 {
+            merged.values_mut().for_each(|f| *f /= total);
+        }
     }
     let mut ranked: Vec<((GroupKey, u64, u64), f64)> = merged.into_iter().collect();
     // Most frequent first; equal frequencies keep the key order (stable).
@@ -1104,6 +1122,17 @@ mod tests {
         let all = weights(FgdParams::default());
         assert_eq!(all.iter().map(|g| g.1).sum::<usize>(), 5);
         assert!((all.iter().map(|g| g.2).sum::<f64>() - 1.0).abs() < 1e-12);
+        // Weighted by whole GPUs (w = 1): the two 1-GPU pods count as
+        // 2 x (1 + 1) = 4 of 12, as much as the four 500 pods.
+        let w = weights(FgdParams {
+            memory: false,
+            gpu_weight: 1.0,
+            ..FgdParams::default()
+        });
+        let of = |milli: u32| w.iter().find(|g| g.0 == milli).map_or(0.0, |g| g.2);
+        assert!((of(1000) - 4.0 / 12.0).abs() < 1e-12, "{w:?}");
+        assert!((of(500) - 4.0 / 12.0).abs() < 1e-12, "{w:?}");
+        assert!((of(100) - 1.0 / 12.0).abs() < 1e-12, "{w:?}");
     }
 
     #[test]

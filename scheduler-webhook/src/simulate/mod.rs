@@ -140,13 +140,18 @@ pub struct SimulateArgs {
     /// fgd and fgdpack: the paper's integer node score (true), or the exact growth.
     #[arg(long, default_value_t = FgdParams::default().quantize, action = clap::ArgAction::Set)]
     pub fgd_integer_score: bool,
-    /// fgd and fgdpack: how equal node scores break (the paper's simulator: node-order).
+    /// fgd: how equal node scores break (the paper's simulator: node-order); fgdpack
+    /// has its own packing key.
     #[arg(long, value_enum, default_value_t = TiesArg::Fullness)]
     pub fgd_ties: TiesArg,
     /// fgd and fgdpack: a fractional pod takes the GPU with the best (integer) score,
     /// lowest index on ties (true), or the least exact growth.
     #[arg(long, default_value_t = FgdParams::default().gpu_by_score, action = clap::ArgAction::Set)]
     pub fgd_gpu_by_score: bool,
+    /// fgd and fgdpack: a typical pod asking n whole GPUs counts as 1 + n x this many
+    /// pods (the paper's simulator's gpuResWeight; 0: by pods).
+    #[arg(long, default_value_t = FgdParams::default().gpu_weight)]
+    pub fgd_gpu_weight: f64,
 }
 
 impl SimulateArgs {
@@ -168,6 +173,7 @@ impl SimulateArgs {
                 TiesArg::NodeOrder => FgdTies::NodeOrder(0),
             },
             gpu_by_score: self.fgd_gpu_by_score,
+            gpu_weight: self.fgd_gpu_weight,
         }
     }
 }
@@ -295,6 +301,9 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
     let fgd = args.fgd_params();
     if !(fgd.coverage > 0.0 && fgd.coverage <= 1.0) {
         return Err(ArgsError::Range("--fgd-coverage must be in (0, 1]").into());
+    }
+    if !(fgd.gpu_weight >= 0.0 && fgd.gpu_weight.is_finite()) {
+        return Err(ArgsError::Range("--fgd-gpu-weight must be 0 or more").into());
     }
     let mut specs = Vec::new();
     for &split_count in &args.split_counts {
@@ -445,6 +454,7 @@ mod tests {
                 quantize: false,
                 ties: FgdTies::NodeOrder(0),
                 gpu_by_score: false,
+                gpu_weight: 0.0,
             }
         );
         assert_eq!(
@@ -509,6 +519,7 @@ mod tests {
             fgd_integer_score: true,
             fgd_ties: TiesArg::Fullness,
             fgd_gpu_by_score: true,
+            fgd_gpu_weight: 0.0,
         };
         let mut out = Vec::new();
         run_to(&args, &mut out).unwrap();
@@ -590,6 +601,7 @@ mod tests {
             fgd_integer_score: true,
             fgd_ties: TiesArg::Fullness,
             fgd_gpu_by_score: true,
+            fgd_gpu_weight: 0.0,
         };
         assert!(run(&args).unwrap_err().to_string().contains("reading"));
         assert!(
