@@ -31,15 +31,17 @@
 //! its [`Cluster::generation`], so a decision evaluates only the nodes that
 //! changed since the same request last ran.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use crate::core::fit::{
     FitFailure, Pick, PodPicks, Reason, apply_picks, check_gpu, fit_container, fit_pod,
 };
+use crate::core::kinds::GpuPolicy;
 use crate::core::model::{Cluster, Gpu, GpuUse, Node, NodeId};
 use crate::core::request::{MemoryRequest, PodRequest};
-use crate::core::rng::SplitMix64;
-use crate::core::score::ScoringWeights;
+use crate::core::rng::{SplitMix64, TieBreak};
+use crate::core::score::{ScoringWeights, gpu_order_into};
 
 /// GPU capacity of one card in milli-GPU.
 pub const MILLI_PER_GPU: u32 = 1000;
@@ -933,6 +935,103 @@ impl FgdIndex {
     pub fn forget_outcomes(&mut self) {
         self.memo.clear();
     }
+
+    /// One decision of an FGD-based policy (`fgd`, `fgdpack`) over the
+    /// candidates. Each node's outcome comes from the memo kept under
+    /// `memo_req` when the node has not changed since, else it is evaluated
+    /// (the placement inside the node and the growth, which `key` turns
+    /// into a (key, secondary key) pair) and remembered. The highest key
+    /// wins; keys equal within 1e-9 break by `rng`, every tied node equally
+    /// likely. Nodes are offered in candidate order either way, so the
+    /// seeded tie break draws the same. Returns the winner (its key's first
+    /// part, the node, its GPUs) and the refused nodes in candidate order.
+    #[allow(clippy::too_many_arguments)] // one call per policy
+    pub(crate) fn scan(
+        &mut self,
+        cluster: &Cluster,
+        memo_req: &PodRequest,
+        req: &PodRequest,
+        candidates: impl IntoIterator<Item = NodeId>,
+        weights: ScoringWeights,
+        key: impl Fn(&Self, NodeId, &Node, f64) -> (f64, f64),
+        rng: &mut SplitMix64,
+    ) -> ScanOutcome {
+        let mut memo = self.memo(memo_req, weights);
+        let view = &*self;
+        let mut scratch = Scratch::default();
+        let mut scores = Vec::new();
+        let mut failed = Vec::new();
+        let mut best: Option<((f64, f64), NodeId)> = None;
+        let mut ties = TieBreak::default();
+        for id in candidates {
+            let Some(node) = cluster.node(id) else {
+                continue;
+            };
+            let generation = cluster.generation(id);
+            if memo.get(id, generation).is_none() {
+                let fallback = |order: &mut Vec<usize>| {
+                    gpu_order_into(node, req, GpuPolicy::BINPACK, &weights, order, &mut scores);
+                };
+                let outcome = view
+                    .evaluate(cluster, id, req, fallback, &mut scratch)
+                    .map(|(growth, placement)| (key(view, id, node, growth), placement));
+                memo.store(id, generation, outcome);
+            }
+            let Some(outcome) = memo.get(id, generation) else {
+                continue; // stored just above
+            };
+            match outcome {
+                Err(f) => failed.push((id, *f)),
+                Ok((k, _)) => {
+                    let replace = match &best {
+                        Some((top, _)) => match compare_keys(*k, *top) {
+                            Ordering::Greater => {
+                                ties.reset();
+                                ties.offer(rng)
+                            }
+                            Ordering::Equal => ties.offer(rng),
+                            Ordering::Less => false,
+                        },
+                        None => {
+                            ties.reset();
+                            ties.offer(rng)
+                        }
+                    };
+                    if replace {
+                        best = Some((*k, id));
+                    }
+                }
+            }
+        }
+        let chosen = best.and_then(|((score, _), node)| {
+            match memo.get(node, cluster.generation(node)) {
+                Some(Ok((_, placement))) => Some((score, node, placement.clone().into_picks(req))),
+                // The winner was offered because its outcome is a placement.
+                _ => None,
+            }
+        });
+        self.remember(memo);
+        (chosen, failed)
+    }
+}
+
+/// What [`FgdIndex::scan`] found: the winner (its key's first part, the
+/// node, its GPUs), if any node fits, and the refused nodes.
+pub(crate) type ScanOutcome = (Option<(f64, NodeId, PodPicks)>, Vec<(NodeId, FitFailure)>);
+
+/// Compares two (key, secondary key) pairs, equal within 1e-9 (as every
+/// policy does).
+fn compare_keys(a: (f64, f64), b: (f64, f64)) -> Ordering {
+    let cmp = |x: f64, y: f64| {
+        if x > y + 1e-9 {
+            Ordering::Greater
+        } else if x < y - 1e-9 {
+            Ordering::Less
+        } else {
+            Ordering::Equal
+        }
+    };
+    cmp(a.0, b.0).then_with(|| cmp(a.1, b.1))
 }
 
 #[cfg(test)]

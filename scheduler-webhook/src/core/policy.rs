@@ -19,7 +19,7 @@ use std::borrow::Cow;
 
 use proto::hami::pod_devices::{ContainerDevice, PodDevices};
 
-use crate::core::fgd::{FgdIndex, FgdTies, Scratch};
+use crate::core::fgd::{FgdIndex, FgdTies};
 use crate::core::fgdpack::{FgdPackParams, schedule_fgdpack};
 pub use crate::core::kinds::{GpuPolicy, GpuPolicyName, Policy, PolicyError};
 
@@ -446,10 +446,9 @@ pub fn schedule(
     }
 }
 
-/// FGD over the candidates: each node's outcome comes from the index's
-/// memo when the node has not changed since it was computed for this
-/// request, else it is evaluated and remembered. Nodes are offered in
-/// candidate order either way, so the seeded tie break draws the same.
+/// FGD over the candidates ([`FgdIndex::scan`]): each node's outcome comes
+/// from the index's memo when the node has not changed since it was
+/// computed for this request, else it is evaluated and remembered.
 fn schedule_fgd(
     cluster: &Cluster,
     req: &PodRequest,
@@ -458,56 +457,20 @@ fn schedule_fgd(
     index: &mut FgdIndex,
     rng: &mut SplitMix64,
 ) -> Result<Decision, ScheduleError> {
-    let mut memo = index.memo(req, weights);
-    let view = &*index;
-    let mut scratch = Scratch::default();
-    let mut scores = Vec::new();
-    let mut failed = Vec::new();
-    let mut best: Best<NodeId> = Best::default();
-    for id in candidates {
-        let Some(node) = cluster.node(id) else {
-            continue;
-        };
-        let generation = cluster.generation(id);
-        if memo.get(id, generation).is_none() {
-            let fallback = |order: &mut Vec<usize>| {
-                gpu_order_into(node, req, GpuPolicy::BINPACK, &weights, order, &mut scores);
-            };
-            let outcome = view.evaluate(cluster, id, req, fallback, &mut scratch).map(
-                |(growth, placement)| {
-                    let key = (
-                        view.score_of_growth(growth),
-                        fgd_secondary(view, id, node, req),
-                    );
-                    (key, placement)
-                },
-            );
-            memo.store(id, generation, outcome);
-        }
-        let Some(outcome) = memo.get(id, generation) else {
-            continue; // stored just above
-        };
-        match outcome {
-            Err(f) => failed.push((id, *f)),
-            Ok((key, _)) => best.offer(*key, id, rng),
-        }
-    }
-    let placement = best.top.and_then(|((score, _), node)| {
-        match memo.get(node, cluster.generation(node)) {
-            Some(Ok((_, placement))) => Some((score, node, placement.clone())),
-            // The winner was offered because its outcome is a placement.
-            _ => None,
-        }
-    });
-    index.remember(memo);
-    match placement {
-        Some((score, node, placement)) => Ok(Decision {
+    let key = |view: &FgdIndex, id, node: &Node, growth| {
+        (
+            view.score_of_growth(growth),
+            fgd_secondary(view, id, node, req),
+        )
+    };
+    match index.scan(cluster, req, req, candidates, weights, key, rng) {
+        (Some((score, node, picks)), failed) => Ok(Decision {
             node,
-            picks: placement.into_picks(req),
+            picks,
             score,
             failed,
         }),
-        None => Err(ScheduleError::NoNodeFits { failed }),
+        (None, failed) => Err(ScheduleError::NoNodeFits { failed }),
     }
 }
 
