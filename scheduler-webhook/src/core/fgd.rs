@@ -16,7 +16,8 @@
 //! node a fractional pod takes the GPU with the best score. Where it does
 //! not, because it measured better on openb: every shape of the trace is
 //! typical (the simulator keeps the most frequent 95 %), memory is part of
-//! a shape, and equal scores break by node fullness instead of at random.
+//! a shape, and equal scores break by node fullness instead of by the
+//! simulator's fixed seeded node order ([`FgdTies`]).
 //!
 //! This module owns the shape distribution (updated one pod at a time) and
 //! the [`FgdIndex`]: per-node fragmentation, kept current by refreshing only
@@ -30,14 +31,17 @@
 //! its [`Cluster::generation`], so a decision evaluates only the nodes that
 //! changed since the same request last ran.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use crate::core::fit::{
     FitFailure, Pick, PodPicks, Reason, apply_picks, check_gpu, fit_container, fit_pod,
 };
+use crate::core::kinds::GpuPolicy;
 use crate::core::model::{Cluster, Gpu, GpuUse, Node, NodeId};
 use crate::core::request::{MemoryRequest, PodRequest};
-use crate::core::score::ScoringWeights;
+use crate::core::rng::{SplitMix64, TieBreak};
+use crate::core::score::{ScoringWeights, gpu_order_into};
 
 /// GPU capacity of one card in milli-GPU.
 pub const MILLI_PER_GPU: u32 = 1000;
@@ -154,7 +158,46 @@ pub enum CpuOnlyFrag {
     WhenShort,
 }
 
+/// How FGD breaks equal node scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FgdTies {
+    /// A GPU pod goes to the fuller node (HAMi's binpack node score), which
+    /// keeps empty nodes whole; a CPU-only pod goes where CPU is least
+    /// needed by idle GPUs. Equal again: the seeded coin.
+    Fullness,
+    /// A seeded coin among the tied nodes, drawn anew at every decision, as
+    /// upstream kube-scheduler's `selectHost` does.
+    Coin,
+    /// One fixed node order, drawn once from this seed: every tie goes to
+    /// the node that comes first in it. This is what the paper's simulator
+    /// does: its kube-scheduler fork takes the lexicographically smallest
+    /// node name among equal scores, and the simulator renames every node
+    /// with a prefix from a seeded random permutation. A fixed order acts
+    /// as first fit among equal scores, so it packs.
+    NodeOrder(u64),
+}
+
+impl FgdTies {
+    /// The key of node `id` under [`FgdTies::NodeOrder`]: higher comes
+    /// first. A seeded hash of the node id, so the order is a uniformly
+    /// random one, fixed for the seed, and a node added later gets its
+    /// place without reshuffling the others. 53 bits, exact in an `f64`.
+    #[must_use]
+    pub fn node_order_key(seed: u64, id: NodeId) -> f64 {
+        let id = u64::try_from(id).unwrap_or(u64::MAX);
+        let mut rng = SplitMix64::new(seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        #[allow(clippy::cast_precision_loss)] // 53 bits: exact
+        let key = (rng.next_u64() >> 11) as f64;
+        key
+    }
+}
+
 /// How the typical pods are chosen and fragmentation is scored.
+///
+/// The paper's simulator, as its published experiments ran it
+/// (`docs/benchmarks.md`): coverage 0.95, no memory,
+/// [`CpuOnlyFrag::AllIdle`], integer score, [`FgdTies::NodeOrder`], GPU by
+/// score.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FgdParams {
     /// The most frequent shapes that together cover at least this share of
@@ -168,13 +211,16 @@ pub struct FgdParams {
     /// `⌊100 · sigmoid(−growth / 1000)⌋`, so growths that round to the same
     /// integer tie; else the growth itself is the score.
     pub quantize: bool,
-    /// Break equal node scores by node fullness (GPU pods) or spare CPU per
-    /// idle GPU (CPU-only pods); else by the seeded coin only.
-    pub tie_by_fullness: bool,
+    /// How equal node scores break.
+    pub ties: FgdTies,
     /// Choose the GPU inside a node by the (possibly quantized) score, the
     /// lowest index on ties, as the paper's simulator; else by the exact
     /// growth, the least free share on ties.
     pub gpu_by_score: bool,
+    /// A typical pod asking `n` whole GPUs counts as `1 + n x gpu_weight`
+    /// pods, so multi-GPU shapes weigh more in fragmentation (the paper's
+    /// simulator's `gpuResWeight`, 0 in its experiments). 0: by pods.
+    pub gpu_weight: f64,
 }
 
 /// The defaults, measured on openb (`docs/benchmarks.md`): every shape of
@@ -188,8 +234,9 @@ impl Default for FgdParams {
             memory: true,
             cpu_only: CpuOnlyFrag::AllIdle,
             quantize: true,
-            tie_by_fullness: true,
+            ties: FgdTies::Fullness,
             gpu_by_score: true,
+            gpu_weight: 0.0,
         }
     }
 }
@@ -218,6 +265,19 @@ fn typical_groups(dist: &ShapeDistribution, params: &FgdParams) -> Vec<Group> {
         *merged
             .entry(((s.gpus, s.milli, s.types.clone()), s.cpu_milli, mem))
             .or_insert(0.0) += f;
+    }
+    if params.gpu_weight != 0.0 {
+        // Whole-GPU shapes weigh 1 + GPUs x gpu_weight pods, then the
+        // weights are renormalized (the simulator's `gpuResWeight`).
+        for (((gpus, milli, _), _, _), f) in &mut merged {
+            if *gpus > 0 && *milli >= MILLI_PER_GPU {
+                *f *= 1.0 + f64::from(*gpus) * params.gpu_weight;
+            }
+        }
+        let total: f64 = merged.values().sum();
+        if total > 0.0 {
+            merged.values_mut().for_each(|f| *f /= total);
+        }
     }
     let mut ranked: Vec<((GroupKey, u64, u64), f64)> = merged.into_iter().collect();
     // Most frequent first; equal frequencies keep the key order (stable).
@@ -875,6 +935,103 @@ impl FgdIndex {
     pub fn forget_outcomes(&mut self) {
         self.memo.clear();
     }
+
+    /// One decision of an FGD-based policy (`fgd`, `fgdpack`) over the
+    /// candidates. Each node's outcome comes from the memo kept under
+    /// `memo_req` when the node has not changed since, else it is evaluated
+    /// (the placement inside the node and the growth, which `key` turns
+    /// into a (key, secondary key) pair) and remembered. The highest key
+    /// wins; keys equal within 1e-9 break by `rng`, every tied node equally
+    /// likely. Nodes are offered in candidate order either way, so the
+    /// seeded tie break draws the same. Returns the winner (its key's first
+    /// part, the node, its GPUs) and the refused nodes in candidate order.
+    #[allow(clippy::too_many_arguments)] // one call per policy
+    pub(crate) fn scan(
+        &mut self,
+        cluster: &Cluster,
+        memo_req: &PodRequest,
+        req: &PodRequest,
+        candidates: impl IntoIterator<Item = NodeId>,
+        weights: ScoringWeights,
+        key: impl Fn(&Self, NodeId, &Node, f64) -> (f64, f64),
+        rng: &mut SplitMix64,
+    ) -> ScanOutcome {
+        let mut memo = self.memo(memo_req, weights);
+        let view = &*self;
+        let mut scratch = Scratch::default();
+        let mut scores = Vec::new();
+        let mut failed = Vec::new();
+        let mut best: Option<((f64, f64), NodeId)> = None;
+        let mut ties = TieBreak::default();
+        for id in candidates {
+            let Some(node) = cluster.node(id) else {
+                continue;
+            };
+            let generation = cluster.generation(id);
+            if memo.get(id, generation).is_none() {
+                let fallback = |order: &mut Vec<usize>| {
+                    gpu_order_into(node, req, GpuPolicy::BINPACK, &weights, order, &mut scores);
+                };
+                let outcome = view
+                    .evaluate(cluster, id, req, fallback, &mut scratch)
+                    .map(|(growth, placement)| (key(view, id, node, growth), placement));
+                memo.store(id, generation, outcome);
+            }
+            let Some(outcome) = memo.get(id, generation) else {
+                continue; // stored just above
+            };
+            match outcome {
+                Err(f) => failed.push((id, *f)),
+                Ok((k, _)) => {
+                    let replace = match &best {
+                        Some((top, _)) => match compare_keys(*k, *top) {
+                            Ordering::Greater => {
+                                ties.reset();
+                                ties.offer(rng)
+                            }
+                            Ordering::Equal => ties.offer(rng),
+                            Ordering::Less => false,
+                        },
+                        None => {
+                            ties.reset();
+                            ties.offer(rng)
+                        }
+                    };
+                    if replace {
+                        best = Some((*k, id));
+                    }
+                }
+            }
+        }
+        let chosen = best.and_then(|((score, _), node)| {
+            match memo.get(node, cluster.generation(node)) {
+                Some(Ok((_, placement))) => Some((score, node, placement.clone().into_picks(req))),
+                // The winner was offered because its outcome is a placement.
+                _ => None,
+            }
+        });
+        self.remember(memo);
+        (chosen, failed)
+    }
+}
+
+/// What [`FgdIndex::scan`] found: the winner (its key's first part, the
+/// node, its GPUs), if any node fits, and the refused nodes.
+pub(crate) type ScanOutcome = (Option<(f64, NodeId, PodPicks)>, Vec<(NodeId, FitFailure)>);
+
+/// Compares two (key, secondary key) pairs, equal within 1e-9 (as every
+/// policy does).
+fn compare_keys(a: (f64, f64), b: (f64, f64)) -> Ordering {
+    let cmp = |x: f64, y: f64| {
+        if x > y + 1e-9 {
+            Ordering::Greater
+        } else if x < y - 1e-9 {
+            Ordering::Less
+        } else {
+            Ordering::Equal
+        }
+    };
+    cmp(a.0, b.0).then_with(|| cmp(a.1, b.1))
 }
 
 #[cfg(test)]
@@ -1064,6 +1221,17 @@ mod tests {
         let all = weights(FgdParams::default());
         assert_eq!(all.iter().map(|g| g.1).sum::<usize>(), 5);
         assert!((all.iter().map(|g| g.2).sum::<f64>() - 1.0).abs() < 1e-12);
+        // Weighted by whole GPUs (w = 1): the two 1-GPU pods count as
+        // 2 x (1 + 1) = 4 of 12, as much as the four 500 pods.
+        let w = weights(FgdParams {
+            memory: false,
+            gpu_weight: 1.0,
+            ..FgdParams::default()
+        });
+        let of = |milli: u32| w.iter().find(|g| g.0 == milli).map_or(0.0, |g| g.2);
+        assert!((of(1000) - 4.0 / 12.0).abs() < 1e-12, "{w:?}");
+        assert!((of(500) - 4.0 / 12.0).abs() < 1e-12, "{w:?}");
+        assert!((of(100) - 1.0 / 12.0).abs() < 1e-12, "{w:?}");
     }
 
     #[test]

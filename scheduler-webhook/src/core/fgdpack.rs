@@ -28,15 +28,13 @@
 //! request tagged with this policy, so FGD and `fgdpack` decisions never
 //! read each other's keys.
 
-use std::cmp::Ordering;
-
-use crate::core::fgd::{FgdIndex, Scratch, node_idle_milli};
+use crate::core::fgd::{FgdIndex, node_idle_milli};
 use crate::core::fit::{FitFailure, PodPicks};
-use crate::core::kinds::{GpuPolicy, Policy};
+use crate::core::kinds::Policy;
 use crate::core::model::{Cluster, Node, NodeId};
 use crate::core::request::PodRequest;
-use crate::core::rng::{SplitMix64, TieBreak};
-use crate::core::score::{ScoringWeights, gpu_order_into, node_score};
+use crate::core::rng::SplitMix64;
+use crate::core::score::{ScoringWeights, node_score};
 
 /// The knobs of `fgdpack`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -146,21 +144,6 @@ fn secondary(params: &FgdPackParams, node: &Node, req: &PodRequest) -> f64 {
     }
 }
 
-/// Compares two (key, secondary key) pairs, equal within 1e-9 (as the
-/// other policies do).
-fn compare_keys(a: (f64, f64), b: (f64, f64)) -> Ordering {
-    let cmp = |x: f64, y: f64| {
-        if x > y + 1e-9 {
-            Ordering::Greater
-        } else if x < y - 1e-9 {
-            Ordering::Less
-        } else {
-            Ordering::Equal
-        }
-    };
-    cmp(a.0, b.0).then_with(|| cmp(a.1, b.1))
-}
-
 /// What `fgdpack` chose: the node, the GPUs, the node's score.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Chosen {
@@ -187,68 +170,11 @@ pub fn schedule_fgdpack(
     // Remembered under the tagged request, apart from FGD's keys.
     let mut tagged = req.clone();
     tagged.node_policy = Some(Policy::FgdPack);
-    let mut memo = index.memo(&tagged, weights);
-    let view = &*index;
-    let mut scratch = Scratch::default();
-    let mut scores = Vec::new();
-    let mut failed = Vec::new();
-    let mut best: Option<((f64, f64), NodeId)> = None;
-    let mut ties = TieBreak::default();
-    for id in candidates {
-        let Some(node) = cluster.node(id) else {
-            continue;
-        };
-        let generation = cluster.generation(id);
-        if memo.get(id, generation).is_none() {
-            let fallback = |order: &mut Vec<usize>| {
-                gpu_order_into(node, req, GpuPolicy::BINPACK, &weights, order, &mut scores);
-            };
-            let outcome = view.evaluate(cluster, id, req, fallback, &mut scratch).map(
-                |(growth, placement)| {
-                    let key = (params.score_of_growth(growth), secondary(params, node, req));
-                    (key, placement)
-                },
-            );
-            memo.store(id, generation, outcome);
-        }
-        let Some(outcome) = memo.get(id, generation) else {
-            continue; // stored just above
-        };
-        match outcome {
-            Err(f) => failed.push((id, *f)),
-            Ok((key, _)) => {
-                let replace = match &best {
-                    Some((top, _)) => match compare_keys(*key, *top) {
-                        Ordering::Greater => {
-                            ties.reset();
-                            ties.offer(rng)
-                        }
-                        Ordering::Equal => ties.offer(rng),
-                        Ordering::Less => false,
-                    },
-                    None => {
-                        ties.reset();
-                        ties.offer(rng)
-                    }
-                };
-                if replace {
-                    best = Some((*key, id));
-                }
-            }
-        }
-    }
-    let chosen = best.and_then(|((score, _), node)| {
-        match memo.get(node, cluster.generation(node)) {
-            Some(Ok((_, placement))) => Some(Chosen {
-                node,
-                picks: placement.clone().into_picks(req),
-                score,
-            }),
-            // The winner was offered because its outcome is a placement.
-            _ => None,
-        }
-    });
-    index.remember(memo);
+    let key = |_: &FgdIndex, _, node: &Node, growth| {
+        (params.score_of_growth(growth), secondary(params, node, req))
+    };
+    let (chosen, failed) = index.scan(cluster, &tagged, req, candidates, weights, key, rng);
+    let chosen = chosen.map(|(score, node, picks)| Chosen { node, picks, score });
     (chosen, failed)
 }
 

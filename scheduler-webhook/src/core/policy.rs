@@ -19,7 +19,7 @@ use std::borrow::Cow;
 
 use proto::hami::pod_devices::{ContainerDevice, PodDevices};
 
-use crate::core::fgd::{FgdIndex, Scratch};
+use crate::core::fgd::{FgdIndex, FgdTies};
 use crate::core::fgdpack::{FgdPackParams, schedule_fgdpack};
 pub use crate::core::kinds::{GpuPolicy, GpuPolicyName, Policy, PolicyError};
 
@@ -446,10 +446,9 @@ pub fn schedule(
     }
 }
 
-/// FGD over the candidates: each node's outcome comes from the index's
-/// memo when the node has not changed since it was computed for this
-/// request, else it is evaluated and remembered. Nodes are offered in
-/// candidate order either way, so the seeded tie break draws the same.
+/// FGD over the candidates ([`FgdIndex::scan`]): each node's outcome comes
+/// from the index's memo when the node has not changed since it was
+/// computed for this request, else it is evaluated and remembered.
 fn schedule_fgd(
     cluster: &Cluster,
     req: &PodRequest,
@@ -458,78 +457,48 @@ fn schedule_fgd(
     index: &mut FgdIndex,
     rng: &mut SplitMix64,
 ) -> Result<Decision, ScheduleError> {
-    let mut memo = index.memo(req, weights);
-    let view = &*index;
-    let mut scratch = Scratch::default();
-    let mut scores = Vec::new();
-    let mut failed = Vec::new();
-    let mut best: Best<NodeId> = Best::default();
-    for id in candidates {
-        let Some(node) = cluster.node(id) else {
-            continue;
-        };
-        let generation = cluster.generation(id);
-        if memo.get(id, generation).is_none() {
-            let fallback = |order: &mut Vec<usize>| {
-                gpu_order_into(node, req, GpuPolicy::BINPACK, &weights, order, &mut scores);
-            };
-            let outcome = view.evaluate(cluster, id, req, fallback, &mut scratch).map(
-                |(growth, placement)| {
-                    let key = (view.score_of_growth(growth), fgd_secondary(view, node, req));
-                    (key, placement)
-                },
-            );
-            memo.store(id, generation, outcome);
-        }
-        let Some(outcome) = memo.get(id, generation) else {
-            continue; // stored just above
-        };
-        match outcome {
-            Err(f) => failed.push((id, *f)),
-            Ok((key, _)) => best.offer(*key, id, rng),
-        }
-    }
-    let placement = best.top.and_then(|((score, _), node)| {
-        match memo.get(node, cluster.generation(node)) {
-            Some(Ok((_, placement))) => Some((score, node, placement.clone())),
-            // The winner was offered because its outcome is a placement.
-            _ => None,
-        }
-    });
-    index.remember(memo);
-    match placement {
-        Some((score, node, placement)) => Ok(Decision {
+    let key = |view: &FgdIndex, id, node: &Node, growth| {
+        (
+            view.score_of_growth(growth),
+            fgd_secondary(view, id, node, req),
+        )
+    };
+    match index.scan(cluster, req, req, candidates, weights, key, rng) {
+        (Some((score, node, picks)), failed) => Ok(Decision {
             node,
-            picks: placement.into_picks(req),
+            picks,
             score,
             failed,
         }),
-        None => Err(ScheduleError::NoNodeFits { failed }),
+        (None, failed) => Err(ScheduleError::NoNodeFits { failed }),
     }
 }
 
-/// FGD's tie break between equal node scores. Equal fragmentation growth:
-/// a GPU pod goes to the fuller node (HAMi binpack score), keeping empty
+/// FGD's tie break between equal node scores ([`FgdTies`]). Fullness: a
+/// GPU pod goes to the fuller node (HAMi binpack score), keeping empty
 /// nodes whole; a CPU-only pod goes where CPU is least needed by idle GPUs.
-fn fgd_secondary(index: &FgdIndex, node: &Node, req: &PodRequest) -> f64 {
-    if !index.params().tie_by_fullness {
-        0.0
-    } else if req.wants_gpu() {
-        node_score(node)
-    } else {
-        let free_cpu = node
-            .free_cpu_memory()
-            .map_or(0, |(c, _)| c.saturating_sub(req.cpu_milli));
-        #[allow(clippy::cast_precision_loss)]
-        let per_idle = free_cpu as f64 / (crate::core::fgd::node_idle_milli(node) as f64 + 1.0);
-        per_idle
+/// Node order: the node's place in the seeded order. Coin: none, so the
+/// seeded coin decides.
+fn fgd_secondary(index: &FgdIndex, id: NodeId, node: &Node, req: &PodRequest) -> f64 {
+    match index.params().ties {
+        FgdTies::Coin => 0.0,
+        FgdTies::NodeOrder(seed) => FgdTies::node_order_key(seed, id),
+        FgdTies::Fullness if req.wants_gpu() => node_score(node),
+        FgdTies::Fullness => {
+            let free_cpu = node
+                .free_cpu_memory()
+                .map_or(0, |(c, _)| c.saturating_sub(req.cpu_milli));
+            #[allow(clippy::cast_precision_loss)]
+            let per_idle = free_cpu as f64 / (crate::core::fgd::node_idle_milli(node) as f64 + 1.0);
+            per_idle
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::fgd::{Shape, ShapeDistribution};
+    use crate::core::fgd::{FgdParams, Shape, ShapeDistribution};
     use crate::core::model::testutil::mk_node;
     use crate::core::model::{GpuUse, NodeCapacity};
     use crate::core::request::{DeviceRequest, MemoryRequest};
@@ -844,6 +813,55 @@ mod tests {
             let d = schedule(&c, &cpu_only, 0..2, &cfg, Some(&mut idx), &mut rng).unwrap();
             assert_eq!(d.node, 0, "CPU-only pod: most CPU per idle GPU");
         }
+    }
+
+    #[test]
+    fn fgd_node_order_ties_go_to_one_seeded_node_and_coin_ties_do_not() {
+        // Eight empty, equal nodes: every placement of a whole GPU ties.
+        let nodes: Vec<Node> = (0..8)
+            .map(|i| mk_node(&format!("n{i}"), 2, 10, 1000))
+            .collect();
+        let c = Cluster::new(nodes);
+        let mut dist = ShapeDistribution::default();
+        dist.observe(Shape {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: 1,
+            milli: 1000,
+            types: vec![],
+        });
+        let cfg = SchedulerConfig {
+            node_policy: Policy::Fgd,
+            ..SchedulerConfig::default()
+        };
+        let winners = |ties: FgdTies| -> Vec<NodeId> {
+            let params = FgdParams {
+                ties,
+                ..FgdParams::default()
+            };
+            let mut idx = FgdIndex::with_params(&dist, &c, params);
+            let mut rng = SplitMix64::new(3);
+            (0..40)
+                .map(|_| {
+                    let d = schedule(&c, &pod(1, 1000, 100), 0..8, &cfg, Some(&mut idx), &mut rng);
+                    d.unwrap().node
+                })
+                .collect()
+        };
+        let mut firsts = std::collections::BTreeSet::new();
+        for seed in 0..16 {
+            let w = winners(FgdTies::NodeOrder(seed));
+            let first = (0..8)
+                .max_by(|&a, &b| {
+                    FgdTies::node_order_key(seed, a).total_cmp(&FgdTies::node_order_key(seed, b))
+                })
+                .unwrap();
+            assert!(w.iter().all(|&n| n == first), "seed {seed}: {w:?}");
+            firsts.insert(first);
+        }
+        assert!(firsts.len() > 1, "the order depends on the seed");
+        let coin: std::collections::BTreeSet<NodeId> = winners(FgdTies::Coin).into_iter().collect();
+        assert!(coin.len() > 1, "a coin spreads ties: {coin:?}");
     }
 
     #[test]

@@ -408,6 +408,7 @@ mod tests {
                         demand: 1.3,
                         split_count,
                         fgdpack: crate::core::fgdpack::FgdPackParams::default(),
+                        fgd: crate::core::fgd::FgdParams::default(),
                     };
                     let r = replay(&nodes, &pods, &dist, &spec, |_| {}).unwrap();
                     assert!((r.demand - b.demand).abs() < 1e-12, "same arrivals");

@@ -20,6 +20,7 @@ use std::sync::mpsc;
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::core::fgd::{CpuOnlyFrag, FgdParams, FgdTies};
 use crate::core::fgdpack::FgdPackParams;
 use crate::core::policy::Policy;
 use crate::simulate::bound::{BOUND, bound_result};
@@ -40,6 +41,28 @@ pub enum OutputFormat {
     Table,
     /// One JSON object per run and line.
     Json,
+}
+
+/// `--fgd-cpu-only`: how CPU-only typical pods count ([`CpuOnlyFrag`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CpuOnlyArg {
+    /// All idle GPU capacity is a fragment to them (the paper's simulator).
+    AllIdle,
+    /// Only where the node is short of their CPU or memory.
+    WhenShort,
+}
+
+/// `--fgd-ties`: how equal FGD node scores break ([`FgdTies`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TiesArg {
+    /// The fuller node for a GPU pod, the most spare CPU per idle GPU for a
+    /// CPU-only pod.
+    Fullness,
+    /// A seeded coin at every decision (upstream kube-scheduler).
+    Coin,
+    /// One seeded node order per replay, the first node wins (the paper's
+    /// simulator and its kube-scheduler fork).
+    NodeOrder,
 }
 
 /// Flags of the `simulate` subcommand.
@@ -103,6 +126,56 @@ pub struct SimulateArgs {
     /// fgdpack: weight of the node's bestfit leftover in the packing key (fgd: 0).
     #[arg(long, default_value_t = FgdPackParams::default().leftover)]
     pub fgdpack_leftover: f64,
+    /// fgd and fgdpack: the most frequent shapes covering this share of the pods are
+    /// the typical pods (the paper's simulator: 0.95).
+    #[arg(long, default_value_t = FgdParams::default().coverage)]
+    pub fgd_coverage: f64,
+    /// fgd and fgdpack: memory is part of a typical pod's shape (the paper's
+    /// simulator: false).
+    #[arg(long, default_value_t = FgdParams::default().memory, action = clap::ArgAction::Set)]
+    pub fgd_memory: bool,
+    /// fgd and fgdpack: how CPU-only typical pods count.
+    #[arg(long, value_enum, default_value_t = CpuOnlyArg::AllIdle)]
+    pub fgd_cpu_only: CpuOnlyArg,
+    /// fgd and fgdpack: the paper's integer node score (true), or the exact growth.
+    #[arg(long, default_value_t = FgdParams::default().quantize, action = clap::ArgAction::Set)]
+    pub fgd_integer_score: bool,
+    /// fgd: how equal node scores break (the paper's simulator: node-order); fgdpack
+    /// has its own packing key.
+    #[arg(long, value_enum, default_value_t = TiesArg::Fullness)]
+    pub fgd_ties: TiesArg,
+    /// fgd and fgdpack: a fractional pod takes the GPU with the best (integer) score,
+    /// lowest index on ties (true), or the least exact growth.
+    #[arg(long, default_value_t = FgdParams::default().gpu_by_score, action = clap::ArgAction::Set)]
+    pub fgd_gpu_by_score: bool,
+    /// fgd and fgdpack: a typical pod asking n whole GPUs counts as 1 + n x this many
+    /// pods (the paper's simulator's gpuResWeight; 0: by pods).
+    #[arg(long, default_value_t = FgdParams::default().gpu_weight)]
+    pub fgd_gpu_weight: f64,
+}
+
+impl SimulateArgs {
+    /// The FGD index's parameters the flags ask for. A node order's seed is
+    /// set per replay ([`ReplaySpec::fgd`]).
+    #[must_use]
+    pub fn fgd_params(&self) -> FgdParams {
+        FgdParams {
+            coverage: self.fgd_coverage,
+            memory: self.fgd_memory,
+            cpu_only: match self.fgd_cpu_only {
+                CpuOnlyArg::AllIdle => CpuOnlyFrag::AllIdle,
+                CpuOnlyArg::WhenShort => CpuOnlyFrag::WhenShort,
+            },
+            quantize: self.fgd_integer_score,
+            ties: match self.fgd_ties {
+                TiesArg::Fullness => FgdTies::Fullness,
+                TiesArg::Coin => FgdTies::Coin,
+                TiesArg::NodeOrder => FgdTies::NodeOrder(0),
+            },
+            gpu_by_score: self.fgd_gpu_by_score,
+            gpu_weight: self.fgd_gpu_weight,
+        }
+    }
 }
 
 /// Errors in the simulate flags.
@@ -225,6 +298,13 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
         )
         .into());
     }
+    let fgd = args.fgd_params();
+    if !(fgd.coverage > 0.0 && fgd.coverage <= 1.0) {
+        return Err(ArgsError::Range("--fgd-coverage must be in (0, 1]").into());
+    }
+    if !(fgd.gpu_weight >= 0.0 && fgd.gpu_weight.is_finite()) {
+        return Err(ArgsError::Range("--fgd-gpu-weight must be 0 or more").into());
+    }
     let mut specs = Vec::new();
     for &split_count in &args.split_counts {
         for &run in &policies {
@@ -240,6 +320,7 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
                         demand: args.demand,
                         split_count,
                         fgdpack,
+                        fgd,
                     },
                 ));
             }
@@ -333,6 +414,55 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
 mod tests {
     use super::*;
 
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+
+    fn parse(flags: &[&str]) -> SimulateArgs {
+        use clap::Parser as _;
+        Cli::try_parse_from(std::iter::once("simulate").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn fgd_flags_default_to_the_default_params_and_set_each_knob() {
+        assert_eq!(parse(&[]).fgd_params(), FgdParams::default());
+        let paper = parse(&[
+            "--fgd-coverage",
+            "0.95",
+            "--fgd-memory",
+            "false",
+            "--fgd-cpu-only",
+            "when-short",
+            "--fgd-integer-score",
+            "false",
+            "--fgd-ties",
+            "node-order",
+            "--fgd-gpu-by-score",
+            "false",
+        ])
+        .fgd_params();
+        assert_eq!(
+            paper,
+            FgdParams {
+                coverage: 0.95,
+                memory: false,
+                cpu_only: CpuOnlyFrag::WhenShort,
+                quantize: false,
+                ties: FgdTies::NodeOrder(0),
+                gpu_by_score: false,
+                gpu_weight: 0.0,
+            }
+        );
+        assert_eq!(
+            parse(&["--fgd-ties", "coin"]).fgd_params().ties,
+            FgdTies::Coin
+        );
+    }
+
     #[test]
     fn flags_expand() {
         let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
@@ -383,6 +513,13 @@ mod tests {
             fgdpack_steps: 100.0,
             fgdpack_cpu_balance: 0.0,
             fgdpack_leftover: 0.0,
+            fgd_coverage: 1.0,
+            fgd_memory: true,
+            fgd_cpu_only: CpuOnlyArg::AllIdle,
+            fgd_integer_score: true,
+            fgd_ties: TiesArg::Fullness,
+            fgd_gpu_by_score: true,
+            fgd_gpu_weight: 0.0,
         };
         let mut out = Vec::new();
         run_to(&args, &mut out).unwrap();
@@ -415,6 +552,7 @@ mod tests {
                 demand: 1.3,
                 split_count: 10,
                 fgdpack: FgdPackParams::default(),
+                fgd: FgdParams::default(),
             },
             |_| {},
         )
@@ -457,6 +595,13 @@ mod tests {
             fgdpack_steps: 100.0,
             fgdpack_cpu_balance: 0.0,
             fgdpack_leftover: 0.0,
+            fgd_coverage: 1.0,
+            fgd_memory: true,
+            fgd_cpu_only: CpuOnlyArg::AllIdle,
+            fgd_integer_score: true,
+            fgd_ties: TiesArg::Fullness,
+            fgd_gpu_by_score: true,
+            fgd_gpu_weight: 0.0,
         };
         assert!(run(&args).unwrap_err().to_string().contains("reading"));
         assert!(

@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::core::fgd::{FgdIndex, MILLI_PER_GPU, ShapeDistribution};
+use crate::core::fgd::{FgdIndex, FgdParams, FgdTies, MILLI_PER_GPU, ShapeDistribution};
 use crate::core::fgdpack::FgdPackParams;
 use crate::core::model::Cluster;
 use crate::core::policy::{GpuPolicy, Policy, SchedulerConfig, schedule};
@@ -31,6 +31,10 @@ pub struct ReplaySpec {
     pub split_count: u32,
     /// The knobs of `fgdpack` (other policies ignore them).
     pub fgdpack: FgdPackParams,
+    /// The knobs of the FGD index, for `fgd` and `fgdpack` (other policies
+    /// ignore them). A [`FgdTies::NodeOrder`] seed is replaced by one drawn
+    /// from [`ReplaySpec::seed`], so each replay has its own node order.
+    pub fgd: FgdParams,
 }
 
 /// The outcome of one replay.
@@ -158,10 +162,14 @@ pub fn replay(
         ..SchedulerConfig::default()
     };
     let requests: Vec<PodRequest> = pods.iter().map(PodRow::request).collect();
+    let mut fgd = spec.fgd;
+    if let FgdTies::NodeOrder(_) = fgd.ties {
+        fgd.ties = FgdTies::NodeOrder(spec.seed ^ 0x0DE0_0DE5_5EED);
+    }
     let mut index = spec
         .policy
         .uses_fgd_index()
-        .then(|| FgdIndex::new(dist, &cluster));
+        .then(|| FgdIndex::with_params(dist, &cluster, fgd));
 
     let mut tie_rng = SplitMix64::new(spec.seed ^ 0x5E_ED0F_71E5);
 
@@ -229,9 +237,17 @@ pub fn replay(
     }
     #[allow(clippy::cast_precision_loss)]
     let allocation_ratio = allocated as f64 / capacity;
+    // The metric is always the default shapes' fragmentation; an index
+    // built with other shapes cannot measure it (ties do not matter).
+    let default_shapes = |p: &FgdParams| {
+        FgdParams {
+            ties: FgdParams::default().ties,
+            ..*p
+        } == FgdParams::default()
+    };
     let frag_index = match index {
-        Some(ix) => ix,
-        None => FgdIndex::new(dist, &cluster),
+        Some(ix) if default_shapes(ix.params()) => ix,
+        _ => FgdIndex::new(dist, &cluster),
     };
     let idle: f64 = cluster
         .nodes()
@@ -300,6 +316,7 @@ mod tests {
             demand: 1.3,
             split_count: 10,
             fgdpack: FgdPackParams::default(),
+            fgd: FgdParams::default(),
         }
     }
 
