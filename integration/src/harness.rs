@@ -335,12 +335,9 @@ mod tests {
     fn the_listed_objects_follow_inserts_and_removes_as_a_sorted_map_does() {
         let mut listed: Listed<ConfigMap> = Listed::default();
         let mut reference: BTreeMap<(String, String), ConfigMap> = BTreeMap::new();
-        let mut state: u64 = 11;
+        let mut rng = scheduler_webhook::core::rng::SplitMix64::new(11);
         for version in 0..500u32 {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let r = state >> 33;
+            let r = rng.next_u64() >> 33;
             let key = (format!("ns{}", r % 3), format!("o{}", (r >> 4) % 9));
             if (r >> 12).is_multiple_of(3) {
                 listed.remove(&key);

@@ -130,12 +130,9 @@ mod tests {
         let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
         let mut book = UsageBook::default();
         // A seeded walk of the events a pod watch delivers.
-        let mut state: u64 = 7;
+        let mut rng = scheduler_webhook::core::rng::SplitMix64::new(7);
         for step in 0..400u64 {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let r = state >> 33;
+            let r = rng.next_u64() >> 33;
             let name = format!("p{}", r % 12);
             let key = format!("default/{name}");
             match r % 5 {

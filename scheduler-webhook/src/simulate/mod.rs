@@ -504,22 +504,12 @@ mod tests {
             pods,
             policies: vec!["all".into()],
             seeds: vec!["1-2".into()],
-            demand: 1.3,
             split_counts: vec![10, 100],
             format: OutputFormat::Json,
             plot: Some(svg.clone()),
             jobs: 2,
-            fgdpack_temperature: 2000.0,
-            fgdpack_steps: 100.0,
-            fgdpack_cpu_balance: 0.0,
-            fgdpack_leftover: 0.0,
-            fgd_coverage: 1.0,
-            fgd_memory: true,
-            fgd_cpu_only: CpuOnlyArg::AllIdle,
-            fgd_integer_score: true,
-            fgd_ties: TiesArg::Fullness,
-            fgd_gpu_by_score: true,
-            fgd_gpu_weight: 0.0,
+            // Every policy knob at its default, as the command line gives it.
+            ..parse(&[])
         };
         let mut out = Vec::new();
         run_to(&args, &mut out).unwrap();
@@ -586,22 +576,12 @@ mod tests {
             pods: "/nonexistent/pods.csv".into(),
             policies: vec!["all".into()],
             seeds: vec!["1".into()],
-            demand: 1.3,
             split_counts: vec![10],
             format: OutputFormat::Table,
             plot: None,
             jobs: 1,
-            fgdpack_temperature: 2000.0,
-            fgdpack_steps: 100.0,
-            fgdpack_cpu_balance: 0.0,
-            fgdpack_leftover: 0.0,
-            fgd_coverage: 1.0,
-            fgd_memory: true,
-            fgd_cpu_only: CpuOnlyArg::AllIdle,
-            fgd_integer_score: true,
-            fgd_ties: TiesArg::Fullness,
-            fgd_gpu_by_score: true,
-            fgd_gpu_weight: 0.0,
+            // Every policy knob at its default, as the command line gives it.
+            ..parse(&[])
         };
         assert!(run(&args).unwrap_err().to_string().contains("reading"));
         assert!(
