@@ -1196,3 +1196,74 @@ async fn lists_page_with_limit_and_continue_like_the_real_server() {
     drive.abort();
     server.shutdown().await;
 }
+
+/// The list and watch bodies as bytes on the wire: list items without
+/// `kind`/`apiVersion` (as the real server's typed lists), watch events as
+/// `{"type", "object"}` lines carrying the whole object, the same bytes for
+/// every watcher (the fake serializes an event's object once and splices it
+/// into each watcher's line, which this checks from the outside).
+#[tokio::test]
+async fn list_and_watch_bodies_on_the_wire_match_the_real_server() {
+    let (server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for name in ["a", "b"] {
+        pods.create(&PostParams::default(), &pod(name))
+            .await
+            .unwrap();
+    }
+    let get = |path: &str| {
+        let client = client.clone();
+        let request = http::Request::get(path).body(Vec::new()).unwrap();
+        async move { client.request_text(request).await.unwrap() }
+    };
+
+    let list: Value = serde_json::from_str(&get("/api/v1/namespaces/default/pods").await).unwrap();
+    assert_eq!(list["kind"], "PodList");
+    assert_eq!(list["apiVersion"], "v1");
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(!rv.is_empty());
+    let items = list["items"].as_array().unwrap();
+    let names: Vec<&str> = items
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    for item in items {
+        let item = item.as_object().unwrap();
+        assert!(
+            !item.contains_key("kind") && !item.contains_key("apiVersion"),
+            "{item:?}"
+        );
+        assert!(item.contains_key("spec"), "{item:?}");
+    }
+
+    // Two watches from the list's version; each ends at its timeout, after
+    // the one change below.
+    let watch =
+        format!("/api/v1/namespaces/default/pods?watch=true&resourceVersion={rv}&timeoutSeconds=2");
+    let (first, second) = (get(&watch), get(&watch));
+    let (first, second, ()) = tokio::join!(first, second, async {
+        server
+            .wait_for(DEADLINE, |s| s.open_watches >= 2)
+            .await
+            .unwrap();
+        let patch = json!({"metadata": {"labels": {"app": "x"}}});
+        pods.patch("a", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    });
+    assert_eq!(first, second, "two watchers got different bytes");
+    let lines: Vec<&str> = first.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{first}");
+    let event: Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(event.as_object().unwrap().len(), 2, "{event}");
+    assert_eq!(event["type"], "MODIFIED");
+    assert_eq!(event["object"]["kind"], "Pod");
+    assert_eq!(event["object"]["apiVersion"], "v1");
+    assert_eq!(event["object"]["metadata"]["name"], "a");
+    assert_eq!(event["object"]["metadata"]["labels"]["app"], "x");
+    server.shutdown().await;
+}

@@ -268,12 +268,35 @@ fn wants_table(req: &HttpRequest) -> bool {
 
 /// Strips `kind`/`apiVersion` from list items, as the real server's list
 /// encoding does.
-fn list_item(mut object: Value) -> Value {
-    if let Some(map) = object.as_object_mut() {
-        map.remove("kind");
-        map.remove("apiVersion");
+/// A list response.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListBody<'a> {
+    kind: String,
+    api_version: String,
+    metadata: Value,
+    items: Vec<ListItem<'a>>,
+}
+
+/// A stored object as a list item: the real server leaves `kind` and
+/// `apiVersion` out of a typed list's items.
+struct ListItem<'a>(&'a Value);
+
+impl serde::Serialize for ListItem<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Value::Object(map) = self.0 else {
+            return self.0.serialize(serializer);
+        };
+        let fields = map
+            .iter()
+            .filter(|(k, _)| k.as_str() != "kind" && k.as_str() != "apiVersion");
+        let mut out = serializer.serialize_map(None)?;
+        for (k, v) in fields {
+            out.serialize_entry(k, v)?;
+        }
+        out.end()
     }
-    object
 }
 
 /// The real server's request body limit (3 MiB).
@@ -382,13 +405,13 @@ impl Page {
 
     /// The page's objects, the resourceVersion to report (the first page's),
     /// and the token for the next page when more remain.
-    fn list(
+    fn list<'s>(
         &self,
-        store: &Store,
+        store: &'s Store,
         def: &ResourceDef,
         namespace: Option<&str>,
         selectors: &Selectors,
-    ) -> Result<(Vec<Value>, u64, Option<String>), ApiError> {
+    ) -> Result<(Vec<&'s Value>, u64, Option<String>), ApiError> {
         let rv = match &self.after {
             Some((rv, ..)) if *rv < store.oldest_watchable() => {
                 return Err(ApiError::Injected {
@@ -441,24 +464,35 @@ async fn serve(
             } else {
                 shared.control.update(|s| s.lists += 1);
                 let page = Page::from_query(query)?;
-                let (items, rv, next) = shared
-                    .with_store(|s| page.list(s, def, namespace.as_deref(), &selectors))??;
-                let mut metadata = json!({"resourceVersion": rv.to_string()});
-                if let Some(token) = next {
-                    metadata["continue"] = json!(token);
-                }
-                if wants_table(req) {
-                    let mut table = table::table(def, &items, Some(rv), table::include(query));
-                    table["metadata"] = metadata;
-                    return Ok(ok(&table));
-                }
-                let items: Vec<Value> = items.into_iter().map(list_item).collect();
-                Ok(ok(&json!({
-                    "kind": def.list_kind(),
-                    "apiVersion": def.api_version(),
-                    "metadata": metadata,
-                    "items": items,
-                })))
+                let table = wants_table(req).then(|| table::include(query));
+                // Serialized under the store lock from the stored objects
+                // themselves: a list copies nothing but its JSON.
+                let body = shared.with_store(|s| {
+                    let (items, rv, next) = page.list(s, def, namespace.as_deref(), &selectors)?;
+                    let mut metadata = json!({"resourceVersion": rv.to_string()});
+                    if let Some(token) = next {
+                        metadata["continue"] = json!(token);
+                    }
+                    if let Some(include) = table {
+                        let items: Vec<Value> = items.into_iter().cloned().collect();
+                        let mut table = table::table(def, &items, Some(rv), include);
+                        table["metadata"] = metadata;
+                        return Ok(table.to_string());
+                    }
+                    let list = ListBody {
+                        kind: def.list_kind(),
+                        api_version: def.api_version(),
+                        metadata,
+                        items: items.into_iter().map(ListItem).collect(),
+                    };
+                    serde_json::to_string(&list).map_err(|e| ApiError::Injected {
+                        code: 500,
+                        message: format!("serializing a list: {e}"),
+                    })
+                })??;
+                Ok(HttpResponse::Ok()
+                    .content_type("application/json")
+                    .body(body))
             }
         }
         ("POST", Route::Collection { def, namespace }) => {
@@ -618,13 +652,6 @@ struct WatchParams {
 }
 
 impl WatchParams {
-    fn render(&self, object: &Value) -> Value {
-        match self.table {
-            Some(include) => table::table(self.def, std::slice::from_ref(object), None, include),
-            None => object.clone(),
-        }
-    }
-
     fn bookmark(&self, rv: u64, initial_events_end: bool) -> Value {
         let mut object = json!({
             "kind": self.def.kind,
@@ -639,7 +666,19 @@ impl WatchParams {
 
     fn line_for(&self, event: &StoredEvent) -> Option<web::Bytes> {
         let seen = event.as_seen_by(self.def, self.namespace.as_deref(), &self.selectors)?;
-        Some(event_line(seen.as_str(), &self.render(&event.object)))
+        if let Some(include) = self.table {
+            let rows = table::table(self.def, std::slice::from_ref(&event.object), None, include);
+            return Some(event_line(seen.as_str(), &rows));
+        }
+        // The object's JSON is shared by every watcher of the event.
+        let object = event.object_json();
+        let mut line = Vec::with_capacity(object.len() + 40);
+        line.extend_from_slice(b"{\"type\":\"");
+        line.extend_from_slice(seen.as_str().as_bytes());
+        line.extend_from_slice(b"\",\"object\":");
+        line.extend_from_slice(object);
+        line.extend_from_slice(b"}\n");
+        Some(web::Bytes::from(line))
     }
 }
 

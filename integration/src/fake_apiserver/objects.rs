@@ -93,11 +93,11 @@ impl Objects {
 
     /// The objects of one resource (and namespace, when given), in key
     /// order.
-    pub fn of_kind<'a>(
+    pub fn of_kind<'a, 'n>(
         &'a self,
         def: &ResourceDef,
-        namespace: Option<&'a str>,
-    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Value)> + 'a {
+        namespace: Option<&'n str>,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Value)> + use<'a, 'n> {
         let start = ObjectKey {
             group: def.group,
             plural: def.plural,
@@ -112,11 +112,11 @@ impl Objects {
 
     /// The pods bound to `node` (and in `namespace`, when given), in key
     /// order.
-    pub fn pods_on_node<'a>(
+    pub fn pods_on_node<'a, 'n>(
         &'a self,
         node: &str,
-        namespace: Option<&'a str>,
-    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Value)> + 'a {
+        namespace: Option<&'n str>,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Value)> + use<'a, 'n> {
         self.pods_by_node
             .get(node)
             .into_iter()

@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
@@ -55,7 +55,7 @@ impl EventType {
 }
 
 /// One committed change.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct StoredEvent {
     /// resourceVersion of the change.
     pub resource_version: u64,
@@ -68,9 +68,48 @@ pub struct StoredEvent {
     pub object: Value,
     /// The object before a modification, to translate selector transitions.
     pub previous: Option<Value>,
+    /// `object` as JSON, written by the first watcher that sends it and
+    /// shared by the others, as the real watch cache serializes an event
+    /// once for all its watchers (`cachingObject`).
+    object_json: OnceLock<Vec<u8>>,
+}
+
+/// Equal when the change is: the cached serialization is not part of it.
+impl PartialEq for StoredEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.resource_version == other.resource_version
+            && self.event_type == other.event_type
+            && self.key == other.key
+            && self.object == other.object
+            && self.previous == other.previous
+    }
 }
 
 impl StoredEvent {
+    /// A change, not yet serialized.
+    pub fn new(
+        resource_version: u64,
+        event_type: EventType,
+        key: ObjectKey,
+        object: Value,
+        previous: Option<Value>,
+    ) -> Self {
+        Self {
+            resource_version,
+            event_type,
+            key,
+            object,
+            previous,
+            object_json: OnceLock::new(),
+        }
+    }
+
+    /// `object` as JSON, serialized on the first call only.
+    pub fn object_json(&self) -> &[u8] {
+        self.object_json
+            .get_or_init(|| serde_json::to_vec(&self.object).unwrap_or_default())
+    }
+
     /// How a watcher of `def` in `namespace` (None = all) with `selectors`
     /// sees this change: a modification that moves an object into the
     /// selection is ADDED, out of it DELETED, as the real watch cache does.
@@ -412,13 +451,13 @@ impl Store {
         object: Value,
         previous: Option<Value>,
     ) {
-        let event = Arc::new(StoredEvent {
-            resource_version: self.resource_version,
+        let event = Arc::new(StoredEvent::new(
+            self.resource_version,
             event_type,
             key,
             object,
             previous,
-        });
+        ));
         self.history.push_back(Arc::clone(&event));
         while self.history.len() > self.history_limit {
             if let Some(dropped) = self.history.pop_front() {
@@ -598,7 +637,7 @@ impl Store {
         selectors: &Selectors,
     ) -> (Vec<Value>, u64) {
         let (items, _) = self.list_page(def, namespace, selectors, None, usize::MAX);
-        (items, self.resource_version)
+        (items.into_iter().cloned().collect(), self.resource_version)
     }
 
     /// One page of [`Self::list`], as the real server pages a list with
@@ -609,20 +648,20 @@ impl Store {
     /// one; this store has no snapshots, so later pages read the current
     /// state. A client that then watches from the first page's
     /// resourceVersion sees every change made meanwhile again, in order.
-    pub fn list_page(
-        &self,
+    pub fn list_page<'s>(
+        &'s self,
         def: &ResourceDef,
         namespace: Option<&str>,
         selectors: &Selectors,
         after: Option<(&str, &str)>,
         limit: usize,
-    ) -> (Vec<Value>, Option<(String, String)>) {
+    ) -> (Vec<&'s Value>, Option<(String, String)>) {
         // A bound pod's node is indexed, as in the real watch cache.
         let on_node = (def.group.is_empty() && def.plural == "pods")
             .then(|| selectors.fields.required("spec.nodeName"))
             .flatten()
             .filter(|n| !n.is_empty());
-        let candidates: Box<dyn Iterator<Item = (&ObjectKey, &Value)>> = match on_node {
+        let candidates: Box<dyn Iterator<Item = (&'s ObjectKey, &'s Value)> + '_> = match on_node {
             Some(node) => Box::new(self.objects.pods_on_node(node, namespace)),
             None => Box::new(self.objects.of_kind(def, namespace)),
         };
@@ -631,13 +670,13 @@ impl Store {
                 after.is_none_or(|(ns, name)| (k.namespace.as_str(), k.name.as_str()) > (ns, name))
             })
             .filter(|(_, v)| selectors.matches(v));
-        let items: Vec<(&ObjectKey, &Value)> = matching.by_ref().take(limit.max(1)).collect();
+        let items: Vec<(&ObjectKey, &'s Value)> = matching.by_ref().take(limit.max(1)).collect();
         let more = matching.next().is_some();
         let last = items
             .last()
             .filter(|_| more)
             .map(|(k, _)| (k.namespace.clone(), k.name.clone()));
-        (items.into_iter().map(|(_, v)| v.clone()).collect(), last)
+        (items.into_iter().map(|(_, v)| v).collect(), last)
     }
 
     /// Update (PUT) of the object or of its status.
@@ -989,13 +1028,13 @@ impl Store {
                     let rv = str_at(v, &["metadata", "resourceVersion"])
                         .parse()
                         .unwrap_or(self.resource_version);
-                    Arc::new(StoredEvent {
-                        resource_version: rv,
-                        event_type: EventType::Added,
-                        key: k.clone(),
-                        object: v.clone(),
-                        previous: None,
-                    })
+                    Arc::new(StoredEvent::new(
+                        rv,
+                        EventType::Added,
+                        k.clone(),
+                        v.clone(),
+                        None,
+                    ))
                 })
                 .collect(),
             WatchStart::After(rv) => {
