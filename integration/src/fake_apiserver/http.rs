@@ -266,8 +266,6 @@ fn wants_table(req: &HttpRequest) -> bool {
         })
 }
 
-/// Strips `kind`/`apiVersion` from list items, as the real server's list
-/// encoding does.
 /// A list response.
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -104,7 +104,8 @@ impl StoredEvent {
         }
     }
 
-    /// `object` as JSON, serialized on the first call only.
+    /// `object` as JSON, serialized on the first call only (a `Value`
+    /// always serializes: its keys are strings).
     pub fn object_json(&self) -> &[u8] {
         self.object_json
             .get_or_init(|| serde_json::to_vec(&self.object).unwrap_or_default())
