@@ -339,6 +339,13 @@ fn gpu_free(g: &Gpu, u: &GpuUse) -> GpuFree {
     }
 }
 
+/// Idle share of one GPU, milli (by cores or memory, whichever is more in
+/// use).
+#[must_use]
+pub fn gpu_idle_milli(g: &Gpu, u: &GpuUse) -> u32 {
+    gpu_free(g, u).idle
+}
+
 /// Idle GPU capacity of a node, milli-GPU.
 #[must_use]
 pub fn node_idle_milli(node: &Node) -> u64 {
@@ -347,6 +354,70 @@ pub fn node_idle_milli(node: &Node) -> u64 {
         .zip(&node.usage)
         .map(|(g, u)| u64::from(gpu_free(g, u).idle))
         .sum()
+}
+
+/// Why a node's idle GPU capacity is still idle, judged against a
+/// workload's GPU shapes: the share of the workload's GPU pods (by
+/// frequency) in each case. The three add up to 1 (or are all 0 for a
+/// workload without GPU pods).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IdleShares {
+    /// Shapes that would still fit the node whole.
+    pub usable: f64,
+    /// Shapes that would fit the node's GPUs but not its free CPU or
+    /// memory: for them, the host ran out first.
+    pub host_bound: f64,
+    /// Shapes that do not fit the node's GPUs (slices too small, the wrong
+    /// type, out of slots).
+    pub slivers: f64,
+}
+
+/// Classifies a node's idle GPU capacity (see [`IdleShares`]); CPU-only
+/// shapes are not looked at.
+#[must_use]
+pub fn idle_shares(node: &Node, dist: &ShapeDistribution) -> IdleShares {
+    let free: Vec<GpuFree> = node
+        .gpus
+        .iter()
+        .zip(&node.usage)
+        .map(|(g, u)| gpu_free(g, u))
+        .collect();
+    let (free_cpu, free_mem) = node.free_cpu_memory().unwrap_or((u64::MAX, u64::MAX));
+    let mut out = IdleShares::default();
+    for (shape, p) in dist.frequencies().filter(|(s, _)| s.gpus > 0) {
+        let hosting = node
+            .gpus
+            .iter()
+            .zip(&free)
+            .filter(|(g, f)| {
+                let ty = g.device_type.to_lowercase();
+                let type_ok =
+                    shape.types.is_empty() || shape.types.iter().any(|t| ty.contains(t.as_str()));
+                type_ok
+                    && g.health
+                    && !g.cordoned
+                    && if shape.milli >= MILLI_PER_GPU {
+                        f.empty
+                    } else {
+                        f.usable >= shape.milli
+                    }
+            })
+            .count();
+        if hosting < shape.gpus as usize {
+            out.slivers += p;
+        } else if shape.cpu_milli <= free_cpu && shape.memory_mib <= free_mem {
+            out.usable += p;
+        } else {
+            out.host_bound += p;
+        }
+    }
+    let sum = out.usable + out.host_bound + out.slivers;
+    if sum > 0.0 {
+        out.usable /= sum;
+        out.host_bound /= sum;
+        out.slivers /= sum;
+    }
+    out
 }
 
 /// One group's view of one node: how many GPUs could host one GPU of its
@@ -1062,6 +1133,70 @@ mod tests {
             })],
             ..PodRequest::default()
         }
+    }
+
+    #[test]
+    fn idle_shares_split_the_workload_by_what_stops_it() {
+        // Shapes: a 100-milli pod with 4 cores, a 500-milli pod with 1 core,
+        // a whole-GPU pod with 1 core, and a CPU-only pod (not looked at).
+        let mut d = ShapeDistribution::default();
+        d.observe(Shape {
+            cpu_milli: 4000,
+            ..share(100)
+        });
+        d.observe(Shape {
+            cpu_milli: 1000,
+            ..share(500)
+        });
+        d.observe(Shape {
+            cpu_milli: 1000,
+            ..share(1000)
+        });
+        d.observe(Shape {
+            cpu_milli: 1000,
+            gpus: 0,
+            milli: 0,
+            ..share(0)
+        });
+        let node = |free_cpu: u64| {
+            let mut n = mk_node("a", 1, 10, 1000).with_capacity(NodeCapacity {
+                cpu_milli: 8000,
+                memory_mib: 1 << 20,
+            });
+            n.used_cpu_milli = 8000 - free_cpu;
+            // 810 of the GPU in use: 190 left.
+            n.usage[0] = GpuUse {
+                used: 1,
+                usedmem: 810,
+                usedcores: 81,
+            };
+            n
+        };
+        let third = 1.0 / 3.0;
+        let close = |a: IdleShares, b: [f64; 3]| {
+            (a.usable - b[0]).abs() < 1e-9
+                && (a.host_bound - b[1]).abs() < 1e-9
+                && (a.slivers - b[2]).abs() < 1e-9
+        };
+        // Enough CPU: the 100-milli pod fits; the other two do not fit the GPU.
+        let plenty = idle_shares(&node(8000), &d);
+        assert!(close(plenty, [third, 0.0, 2.0 * third]), "{plenty:?}");
+        // 2 cores left: the 100-milli pod fits the GPU, not the host.
+        let tight = idle_shares(&node(2000), &d);
+        assert!(close(tight, [0.0, third, 2.0 * third]), "{tight:?}");
+        // An empty GPU and no CPU: every shape is host-bound.
+        let mut empty = node(0);
+        empty.usage[0] = GpuUse::default();
+        let host = idle_shares(&empty, &d);
+        assert!(close(host, [0.0, 1.0, 0.0]), "{host:?}");
+        // A workload without GPU pods has no shares.
+        let mut cpu_only = ShapeDistribution::default();
+        cpu_only.observe(Shape {
+            gpus: 0,
+            milli: 0,
+            ..share(0)
+        });
+        assert_eq!(idle_shares(&empty, &cpu_only), IdleShares::default());
     }
 
     #[test]

@@ -294,6 +294,8 @@ pub fn bound_result(
         pods_failed: 0,
         gpu_pods_failed: 0,
         curve,
+        idle: None,
+        slices: None,
     })
 }
 

@@ -152,7 +152,15 @@ pub struct SimulateArgs {
     /// pods (the paper's simulator's gpuResWeight; 0: by pods).
     #[arg(long, default_value_t = FgdParams::default().gpu_weight)]
     pub fgd_gpu_weight: f64,
+    /// A relaxation for analysis: every node gets unbounded CPU and memory, so only the
+    /// GPUs constrain placement. The difference to a normal run is what CPU and memory
+    /// cost a policy in unallocated GPUs.
+    #[arg(long)]
+    pub relax_host: bool,
 }
+
+/// CPU and memory of a node under `--relax-host`: more than any trace asks.
+const RELAXED_HOST: u64 = 1 << 40;
 
 impl SimulateArgs {
     /// The FGD index's parameters the flags ask for. A node order's seed is
@@ -276,8 +284,14 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
     let read = |p: &PathBuf| {
         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
     };
-    let nodes = trace::parse_nodes(&read(&args.nodes)?)
+    let mut nodes = trace::parse_nodes(&read(&args.nodes)?)
         .with_context(|| format!("parsing {}", args.nodes.display()))?;
+    if args.relax_host {
+        for n in &mut nodes {
+            n.cpu_milli = RELAXED_HOST;
+            n.memory_mib = RELAXED_HOST;
+        }
+    }
     let pods = trace::parse_pods(&read(&args.pods)?)
         .with_context(|| format!("parsing {}", args.pods.display()))?;
     let dist = trace_distribution(&pods);
@@ -485,6 +499,40 @@ mod tests {
             ]
         );
         assert!(parse_policies(&s(&["dotprod"])).is_err());
+    }
+
+    #[test]
+    fn relax_host_lifts_cpu_and_memory_only() {
+        // One node with two GPUs and CPU for one of the two whole-GPU pods.
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = dir.path().join("nodes.csv");
+        let pods = dir.path().join("pods.csv");
+        std::fs::write(
+            &nodes,
+            "sn,cpu_milli,memory_mib,gpu,model\nn0,4000,8192,2,T4\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &pods,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\np0,4000,8192,1,1000,,LS\n",
+        )
+        .unwrap();
+        let unallocated = |relax_host: bool| {
+            let args = SimulateArgs {
+                nodes: nodes.clone(),
+                pods: pods.clone(),
+                policies: vec!["fgd".into()],
+                format: OutputFormat::Json,
+                relax_host,
+                ..parse(&[])
+            };
+            let mut out = Vec::new();
+            run_to(&args, &mut out).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            v["unallocated_gpus"].as_f64().unwrap()
+        };
+        assert!((unallocated(false) - 1.0).abs() < 1e-9);
+        assert!(unallocated(true).abs() < 1e-9);
     }
 
     #[test]

@@ -9,7 +9,12 @@
 
 use serde::Serialize;
 
-use crate::core::fgd::{FgdIndex, FgdParams, FgdTies, MILLI_PER_GPU, ShapeDistribution};
+use std::collections::BTreeMap;
+
+use crate::core::fgd::{
+    FgdIndex, FgdParams, FgdTies, MILLI_PER_GPU, ShapeDistribution, gpu_idle_milli, idle_shares,
+    node_idle_milli,
+};
 use crate::core::fgdpack::FgdPackParams;
 use crate::core::model::Cluster;
 use crate::core::policy::{GpuPolicy, Policy, SchedulerConfig, schedule};
@@ -67,6 +72,64 @@ pub struct ReplayResult {
     /// `[arrived_demand, allocation_ratio]` at every 1 % of arrived demand
     /// (the bound: every 10 %, and at the end).
     pub curve: Vec<[f64; 2]>,
+    /// Where the unallocated GPUs are at the end, by GPU model (none for
+    /// the bound, which places nothing).
+    pub idle: Option<BTreeMap<String, IdleGpus>>,
+    /// GPUs in use but not full at the end, counted by their idle share
+    /// (milli): which slices are left over (none for the bound).
+    pub slices: Option<BTreeMap<u32, u64>>,
+}
+
+/// Unallocated GPUs on one GPU model's nodes at the end of a replay, by why
+/// they are idle: each node's idle GPUs split in proportion to the trace's
+/// GPU pods (by frequency) that would fit whole, would fit the GPUs but not
+/// the free CPU or memory, or would not fit the GPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct IdleGpus {
+    /// The share a typical GPU pod would still fit whole.
+    pub usable: f64,
+    /// The share a typical GPU pod would fit on the GPUs but not in the
+    /// free CPU or memory: the host ran out first.
+    pub host_bound: f64,
+    /// The share a typical GPU pod would not fit on the GPUs: slices too
+    /// small, the wrong type, or out of slots.
+    pub slivers: f64,
+}
+
+/// The end state's partly used GPUs, counted by idle share (milli).
+fn partly_used_by_idle(cluster: &Cluster) -> BTreeMap<u32, u64> {
+    let mut out = BTreeMap::new();
+    for n in cluster.nodes() {
+        for (g, u) in n.gpus.iter().zip(&n.usage) {
+            let idle = gpu_idle_milli(g, u);
+            if idle > 0 && idle < MILLI_PER_GPU {
+                *out.entry(idle).or_insert(0) += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The end state's unallocated GPUs per GPU model and [`IdleKind`].
+fn idle_by_model(cluster: &Cluster, dist: &ShapeDistribution) -> BTreeMap<String, IdleGpus> {
+    let mut out: BTreeMap<String, IdleGpus> = BTreeMap::new();
+    for node in cluster.nodes() {
+        let Some(model) = node.gpus.first().map(|g| g.device_type.clone()) else {
+            continue;
+        };
+        let idle = node_idle_milli(node);
+        if idle == 0 {
+            continue;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let gpus = idle as f64 / f64::from(MILLI_PER_GPU);
+        let shares = idle_shares(node, dist);
+        let e = out.entry(model).or_default();
+        e.usable += gpus * shares.usable;
+        e.host_bound += gpus * shares.host_bound;
+        e.slivers += gpus * shares.slivers;
+    }
+    out
 }
 
 /// The arrival sequence of a replay: indices into `pods`, the list shuffled
@@ -281,6 +344,8 @@ pub fn replay(
         pods_failed: failed,
         gpu_pods_failed: gpu_failed,
         curve,
+        idle: Some(idle_by_model(&cluster, dist)),
+        slices: Some(partly_used_by_idle(&cluster)),
     })
 }
 
@@ -345,7 +410,54 @@ mod tests {
                     .all(|w| w[0][0] <= w[1][0] && w[0][1] <= w[1][1])
             );
             assert!((0.0..=1.0).contains(&a.fragmentation_ratio.unwrap()));
+            // The breakdown accounts for every unallocated GPU, by model.
+            let idle = a.idle.as_ref().unwrap();
+            assert_eq!(idle.keys().collect::<Vec<_>>(), ["NVIDIA-T4"], "{policy}");
+            let sum: f64 = idle
+                .values()
+                .map(|i| i.usable + i.host_bound + i.slivers)
+                .sum();
+            assert!(
+                (sum - a.unallocated_gpus).abs() < 1e-9,
+                "{policy}: {sum} vs {}",
+                a.unallocated_gpus
+            );
+            // Partly used GPUs account for part of it, each slice in (0, 1000).
+            let slices = a.slices.as_ref().unwrap();
+            assert!(slices.keys().all(|&m| m > 0 && m < MILLI_PER_GPU));
+            let partly: u64 = slices.iter().map(|(m, n)| u64::from(*m) * n).sum();
+            #[allow(clippy::cast_precision_loss)]
+            let partly = partly as f64 / 1000.0;
+            assert!(partly <= a.unallocated_gpus + 1e-9, "{policy}");
         }
+    }
+
+    #[test]
+    fn idle_breakdown_names_the_host_when_cpu_runs_out_first() {
+        // Two GPUs, CPU for one pod: the second GPU stays idle, host-bound.
+        let nodes = vec![NodeRow {
+            cpu_milli: 1000,
+            ..node("a", 2)
+        }];
+        let pods = vec![pod(1, 1000)];
+        let r = replay(
+            &nodes,
+            &pods,
+            &trace_distribution(&pods),
+            &spec(Policy::Fgd),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(r.pods_scheduled, 1);
+        let t4 = r.idle.as_ref().unwrap()["NVIDIA-T4"];
+        assert_eq!(
+            t4,
+            IdleGpus {
+                usable: 0.0,
+                host_bound: 1.0,
+                slivers: 0.0
+            }
+        );
     }
 
     #[test]

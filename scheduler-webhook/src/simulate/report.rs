@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::simulate::replay::ReplayResult;
+use crate::simulate::replay::{IdleGpus, ReplayResult};
 
 /// Errors drawing the chart.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +117,104 @@ pub fn table(results: &[ReplayResult]) -> String {
             writeln!(s, " {:>8.2}", 100.0 * mean(frags.into_iter()))
         };
     }
+    idle_table(&mut s, results);
     s
+}
+
+/// Where the unallocated GPUs are at the end, per policy and split count
+/// and per GPU model, mean over seeds (replays only; the bound places
+/// nothing).
+fn idle_table(s: &mut String, results: &[ReplayResult]) {
+    let replays: Vec<&ReplayResult> = results.iter().filter(|r| r.idle.is_some()).collect();
+    if replays.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nunallocated GPUs at the end by GPU model and why, mean over seeds: each node's \
+         idle GPUs split by the trace's GPU pods\n(usable: they would fit whole; \
+         host-bound: they would fit the GPUs, not the free CPU or memory; slivers: \
+         they would not fit the GPUs):"
+    );
+    let _ = writeln!(
+        s,
+        "{:<8} {:>5} {:<10} {:>8} {:>11} {:>8} {:>8}",
+        "policy", "split", "model", "usable", "host-bound", "slivers", "total"
+    );
+    let owned: Vec<ReplayResult> = replays.into_iter().cloned().collect();
+    for ((policy, split), rs) in groups(&owned) {
+        let mut models: Vec<&String> = rs
+            .iter()
+            .flat_map(|r| r.idle.iter().flat_map(BTreeMap::keys))
+            .collect();
+        models.sort();
+        models.dedup();
+        let part = |m: &str, f: fn(&IdleGpus) -> f64| {
+            mean(
+                rs.iter()
+                    .map(|r| r.idle.as_ref().and_then(|i| i.get(m)).map_or(0.0, f)),
+            )
+        };
+        let mut sum = IdleGpus::default();
+        for m in models {
+            let row = IdleGpus {
+                usable: part(m, |i| i.usable),
+                host_bound: part(m, |i| i.host_bound),
+                slivers: part(m, |i| i.slivers),
+            };
+            sum.usable += row.usable;
+            sum.host_bound += row.host_bound;
+            sum.slivers += row.slivers;
+            idle_row(s, &policy, split, m, &row);
+        }
+        idle_row(s, &policy, split, "all", &sum);
+        slices_row(s, &policy, split, &rs);
+    }
+}
+
+/// The three idle slice sizes that leave the most GPUs unallocated, mean
+/// over seeds.
+fn slices_row(s: &mut String, policy: &str, split: u32, rs: &[&ReplayResult]) {
+    let mut by_size: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+    #[allow(clippy::cast_precision_loss)]
+    let n = rs.len().max(1) as f64;
+    for r in rs {
+        for (&milli, &count) in r.slices.iter().flatten() {
+            let e = by_size.entry(milli).or_default();
+            #[allow(clippy::cast_precision_loss)]
+            let count = count as f64;
+            e.0 += count / n;
+            e.1 += count * f64::from(milli) / 1000.0 / n;
+        }
+    }
+    let mut top: Vec<(u32, (f64, f64))> = by_size.into_iter().collect();
+    top.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+    let parts: Vec<String> = top
+        .iter()
+        .take(3)
+        .map(|(milli, (cards, gpus))| format!("{milli} milli on {cards:.0} GPUs = {gpus:.1}"))
+        .collect();
+    if !parts.is_empty() {
+        let _ = writeln!(
+            s,
+            "{policy:<8} {split:>5} largest idle slices: {}",
+            parts.join("; ")
+        );
+    }
+}
+
+fn idle_row(s: &mut String, policy: &str, split: u32, model: &str, row: &IdleGpus) {
+    let _ = writeln!(
+        s,
+        "{:<8} {:>5} {:<10} {:>8.1} {:>11.1} {:>8.1} {:>8.1}",
+        policy,
+        split,
+        model,
+        row.usable,
+        row.host_bound,
+        row.slivers,
+        row.usable + row.host_bound + row.slivers
+    );
 }
 
 /// One JSON object per run, one per line.
