@@ -339,6 +339,15 @@ fn gpu_free(g: &Gpu, u: &GpuUse) -> GpuFree {
     }
 }
 
+/// The free share of each of the node's GPUs.
+fn gpus_free(node: &Node) -> Vec<GpuFree> {
+    node.gpus
+        .iter()
+        .zip(&node.usage)
+        .map(|(g, u)| gpu_free(g, u))
+        .collect()
+}
+
 /// Idle share of one GPU, milli (by cores or memory, whichever is more in
 /// use).
 #[must_use]
@@ -376,12 +385,7 @@ pub struct IdleShares {
 /// shapes are not looked at.
 #[must_use]
 pub fn idle_shares(node: &Node, dist: &ShapeDistribution) -> IdleShares {
-    let free: Vec<GpuFree> = node
-        .gpus
-        .iter()
-        .zip(&node.usage)
-        .map(|(g, u)| gpu_free(g, u))
-        .collect();
+    let free = gpus_free(node);
     let (free_cpu, free_mem) = node.free_cpu_memory().unwrap_or((u64::MAX, u64::MAX));
     let mut out = IdleShares::default();
     for (shape, p) in dist.frequencies().filter(|(s, _)| s.gpus > 0) {
@@ -645,12 +649,7 @@ impl FgdIndex {
     /// The node's state at its current usage, with these masks and this
     /// fragmentation.
     fn state_of(&self, generation: u64, node: &Node, masks: Vec<u64>, frag: f64) -> NodeState {
-        let free: Vec<GpuFree> = node
-            .gpus
-            .iter()
-            .zip(&node.usage)
-            .map(|(g, u)| gpu_free(g, u))
-            .collect();
+        let free = gpus_free(node);
         let idle = free.iter().map(|g| u64::from(g.idle)).sum();
         let mut fits = Vec::with_capacity(self.groups.len());
         self.fits_into(&masks, &free, &mut fits);
@@ -1527,12 +1526,7 @@ mod tests {
     }
 
     fn reference_node_frag(idx: &FgdIndex, node: &Node) -> f64 {
-        let free: Vec<GpuFree> = node
-            .gpus
-            .iter()
-            .zip(&node.usage)
-            .map(|(g, u)| gpu_free(g, u))
-            .collect();
+        let free = gpus_free(node);
         let mut w = Vec::new();
         idx.weights(node.free_cpu_memory(), &mut w);
         reference_frag(idx, &idx.masks_for(node), &w, &free)
@@ -1561,12 +1555,7 @@ mod tests {
         let mut weights = Vec::new();
         idx.weights(after_free, &mut weights);
         let masks = idx.masks_for(node);
-        let mut free: Vec<GpuFree> = node
-            .gpus
-            .iter()
-            .zip(&node.usage)
-            .map(|(g, u)| gpu_free(g, u))
-            .collect();
+        let mut free = gpus_free(node);
         let mut best: Option<(f64, usize)> = None;
         let mut tried: Vec<usize> = Vec::new();
         for (pos, (g, u)) in node.gpus.iter().zip(&node.usage).enumerate() {
