@@ -76,8 +76,9 @@ pub struct SimulateArgs {
     /// by default openb's default pod list shipped in `traces/openb/`.
     #[arg(long, default_value = DEFAULT_PODS)]
     pub pods: PathBuf,
-    /// A policy (binpack, spread, fgd, bestfit, random, …), `bound` (an LP lower bound
-    /// on unallocated GPUs for the same arrivals) or `all` (every policy and the bound);
+    /// A policy (binpack, spread, fgd, bestfit, random, …), `bound` (a lower bound on
+    /// unallocated GPUs for the same arrivals, from an LP and from the pods every policy
+    /// must place) or `all` (every policy and the bound);
     /// repeatable or comma-separated.
     #[arg(
         long = "policy",
@@ -205,7 +206,7 @@ pub enum ArgsError {
 pub enum Run {
     /// Replay the arrivals under this policy.
     Policy(Policy),
-    /// The LP lower bound on unallocated GPUs ([`mod@bound`]).
+    /// The lower bound on unallocated GPUs ([`mod@bound`]).
     Bound,
 }
 
