@@ -290,12 +290,10 @@ fn bound_pod(name: &str, containers: &[&str], devices: &str) -> PodView {
     }
 }
 
-/// A local address that was free a moment ago.
+/// A local address for the daemon's metrics listener, free a moment ago
+/// and outside the range outgoing connections take their ports from.
 fn free_port() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    std::net::SocketAddr::from(([127, 0, 0, 1], node_daemon::testkit::free_port().unwrap()))
 }
 
 /// The body of `GET path` (HTTP/1.0, no client library needed).

@@ -6,7 +6,6 @@
 //! in the cluster's folder; a failure to start quotes the end of that log.
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,62 +37,7 @@ pub const DRA_FEATURE_GATES: &str = "DRAConsumableCapacity=true";
 /// nothing here may ever dial an address in it.
 pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16";
 
-/// The lowest port [`free_port`] hands out.
-const FREE_PORT_FLOOR: u16 = 10_000;
-
-/// A free TCP port on 127.0.0.1 for a child process to bind a moment later.
-///
-/// It is taken below the kernel's ephemeral range
-/// (`/proc/sys/net/ipv4/ip_local_port_range`), from a cursor that starts at a
-/// random place per process and never repeats a port within a process. A port
-/// from `bind(":0")` comes from the ephemeral range, which is also where every
-/// outgoing connection takes its local port: with hundreds of connections
-/// open in a test run, one of them took such a port between its release here
-/// and kube-apiserver's bind ("address already in use"). Below the range only
-/// another listener can take it.
-///
-/// # Errors
-/// No port in the range could be bound.
-pub fn free_port() -> std::io::Result<u16> {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static CURSOR: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
-
-    let ceiling = ephemeral_floor();
-    if ceiling <= FREE_PORT_FLOOR + 1_000 {
-        // An unusual range leaves no room below it: take the kernel's pick.
-        return Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
-    }
-    let span = u32::from(ceiling - FREE_PORT_FLOOR);
-    let cursor = CURSOR.get_or_init(|| {
-        let random = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        #[allow(clippy::cast_possible_truncation)] // reduced modulo a u16 span
-        AtomicU32::new((random % u64::from(span)) as u32)
-    });
-    for _ in 0..span {
-        let step = cursor.fetch_add(1, Ordering::Relaxed) % span;
-        #[allow(clippy::cast_possible_truncation)] // step < span ≤ u16::MAX
-        let port = FREE_PORT_FLOOR + step as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Err(std::io::Error::new(
-        std::io::ErrorKind::AddrInUse,
-        format!("no free port on 127.0.0.1 in {FREE_PORT_FLOOR}..{ceiling}"),
-    ))
-}
-
-/// The first port of the kernel's ephemeral range (32768 when it cannot be
-/// read, Linux's default).
-fn ephemeral_floor() -> u16 {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|text| text.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768)
-}
+pub use node_daemon::testkit::free_port;
 
 /// One child process, killed when dropped.
 #[derive(Debug)]
@@ -726,27 +670,4 @@ current-context: real\n",
         ca.display()
     );
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn free_ports_are_below_the_ephemeral_range_distinct_and_bindable() {
-        let ceiling = ephemeral_floor();
-        let ports: Vec<u16> = (0..200).map(|_| free_port().unwrap()).collect();
-        let mut distinct = ports.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
-        for port in ports {
-            assert!(
-                (FREE_PORT_FLOOR..ceiling).contains(&port),
-                "{port} outside {FREE_PORT_FLOOR}..{ceiling}"
-            );
-        }
-        // A port handed out is one a child can bind.
-        TcpListener::bind(("127.0.0.1", free_port().unwrap())).unwrap();
-    }
 }
