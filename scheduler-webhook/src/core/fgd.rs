@@ -221,6 +221,12 @@ pub struct FgdParams {
     /// pods, so multi-GPU shapes weigh more in fragmentation (the paper's
     /// simulator's `gpuResWeight`, 0 in its experiments). 0: by pods.
     pub gpu_weight: f64,
+    /// With [`FgdTies::Fullness`], a GPU pod that may run on any model
+    /// breaks equal scores by `fullness − scarce_models × pressure`, where a
+    /// model's pressure is the typical pods' demand pinned to it per unit of
+    /// its capacity (0–1, the most pressed model 1): such pods keep off the
+    /// models pinned pods need. 0: off.
+    pub scarce_models: f64,
 }
 
 /// The defaults, measured on openb (`docs/benchmarks.md`): every shape of
@@ -237,6 +243,7 @@ impl Default for FgdParams {
             ties: FgdTies::Fullness,
             gpu_by_score: true,
             gpu_weight: 0.0,
+            scarce_models: 0.0,
         }
     }
 }
@@ -307,6 +314,44 @@ fn typical_groups(dist: &ShapeDistribution, params: &FgdParams) -> Vec<Group> {
             shapes,
         })
         .collect()
+}
+
+/// Per GPU model of the cluster (lower case), the typical pods' demand
+/// pinned to it per unit of its capacity: each pinned group's weight ×
+/// GPU-milli spread over the capacity of the models it allows; scaled so
+/// the most pressed model is 1 (empty without pinned pods).
+fn pinned_pressure(groups: &[Group], cluster: &Cluster) -> BTreeMap<String, f64> {
+    let mut capacity: BTreeMap<String, f64> = BTreeMap::new();
+    for node in cluster.nodes() {
+        for g in &node.gpus {
+            *capacity
+                .entry(g.device_type.to_ascii_lowercase())
+                .or_default() += 1.0;
+        }
+    }
+    let allows = |grp: &Group, model: &str| grp.types.iter().any(|t| model.contains(t.as_str()));
+    let mut pressure: BTreeMap<String, f64> = BTreeMap::new();
+    for grp in groups.iter().filter(|g| !g.types.is_empty() && g.gpus > 0) {
+        let allowed: f64 = capacity
+            .iter()
+            .filter(|(m, _)| allows(grp, m))
+            .map(|(_, c)| c)
+            .sum();
+        if allowed == 0.0 {
+            continue;
+        }
+        let demand = grp.weight * f64::from(grp.gpus) * f64::from(grp.milli);
+        for (model, _) in capacity.iter().filter(|(m, _)| allows(grp, m)) {
+            *pressure.entry(model.clone()).or_default() += demand / allowed;
+        }
+    }
+    let top = pressure.values().copied().fold(0.0, f64::max);
+    if top > 0.0 {
+        for v in pressure.values_mut() {
+            *v /= top;
+        }
+    }
+    pressure
 }
 
 /// The free share of one GPU as fragmentation sees it.
@@ -560,6 +605,9 @@ pub struct FgdIndex {
     params: FgdParams,
     groups: Vec<Group>,
     nodes: Vec<NodeState>,
+    /// Per GPU model (lower case), the pinned demand on it per unit of its
+    /// capacity, the most pressed 1; from the nodes at build time.
+    pressure: BTreeMap<String, f64>,
     /// Most recently used first; at most [`MEMO_REQUESTS`].
     memo: Vec<MemoEntry>,
 }
@@ -575,16 +623,29 @@ impl FgdIndex {
     /// Builds the index for this distribution and computes every node.
     #[must_use]
     pub fn with_params(dist: &ShapeDistribution, cluster: &Cluster, params: FgdParams) -> Self {
+        let groups = typical_groups(dist, &params);
+        let pressure = pinned_pressure(&groups, cluster);
         let mut index = Self {
             params,
-            groups: typical_groups(dist, &params),
+            groups,
             nodes: Vec::new(),
+            pressure,
             memo: Vec::new(),
         };
         for id in 0..cluster.nodes().len() {
             index.refresh_node(cluster, id);
         }
         index
+    }
+
+    /// The pinned-demand pressure on the model of `node`'s GPUs (0–1).
+    #[must_use]
+    pub fn model_pressure(&self, node: &Node) -> f64 {
+        node.gpus
+            .first()
+            .and_then(|g| self.pressure.get(&g.device_type.to_ascii_lowercase()))
+            .copied()
+            .unwrap_or(0.0)
     }
 
     /// The parameters the index was built with.

@@ -483,7 +483,14 @@ fn fgd_secondary(index: &FgdIndex, id: NodeId, node: &Node, req: &PodRequest) ->
     match index.params().ties {
         FgdTies::Coin => 0.0,
         FgdTies::NodeOrder(seed) => FgdTies::node_order_key(seed, id),
-        FgdTies::Fullness if req.wants_gpu() => node_score(node),
+        FgdTies::Fullness if req.wants_gpu() => {
+            let weight = index.params().scarce_models;
+            if weight > 0.0 && req.constraints.use_types.is_empty() {
+                node_score(node) - weight * index.model_pressure(node)
+            } else {
+                node_score(node)
+            }
+        }
         FgdTies::Fullness => {
             let free_cpu = node
                 .free_cpu_memory()
@@ -813,6 +820,74 @@ mod tests {
             let d = schedule(&c, &cpu_only, 0..2, &cfg, Some(&mut idx), &mut rng).unwrap();
             assert_eq!(d.node, 0, "CPU-only pod: most CPU per idle GPU");
         }
+    }
+
+    #[test]
+    fn fgd_scarce_models_keeps_free_pods_off_the_model_pinned_pods_need() {
+        use crate::core::model::testutil::mk_device;
+        let model_node = |name: &str, ty: &str| {
+            let devs: Vec<_> = (0..2).map(|i| mk_device(name, i, ty, 10, 1000)).collect();
+            Node::from_register(name, &devs)
+        };
+        let c = Cluster::new(vec![
+            model_node("t4", "NVIDIA-Tesla T4"),
+            model_node("a100", "NVIDIA-A100"),
+        ]);
+        // A few pods pinned to T4: the a100 node's growth differs from the
+        // t4 node's by less than the integer score sees, so the scores tie.
+        let mut dist = ShapeDistribution::default();
+        let whole = |types: Vec<String>| Shape {
+            cpu_milli: 0,
+            memory_mib: 0,
+            gpus: 1,
+            milli: 1000,
+            types,
+        };
+        for _ in 0..99 {
+            dist.observe(whole(vec![]));
+        }
+        dist.observe(whole(vec!["t4".into()]));
+        let cfg = SchedulerConfig {
+            node_policy: Policy::Fgd,
+            ..SchedulerConfig::default()
+        };
+        let chosen = |scarce_models: f64| -> Vec<NodeId> {
+            let params = FgdParams {
+                scarce_models,
+                ..FgdParams::default()
+            };
+            let mut idx = FgdIndex::with_params(&dist, &c, params);
+            assert_eq!(idx.model_pressure(c.node(0).unwrap()), 1.0);
+            assert_eq!(idx.model_pressure(c.node(1).unwrap()), 0.0);
+            (0..20)
+                .map(|seed| {
+                    let mut rng = SplitMix64::new(seed);
+                    schedule(&c, &pod(1, 1000, 100), 0..2, &cfg, Some(&mut idx), &mut rng)
+                        .unwrap()
+                        .node
+                })
+                .collect()
+        };
+        assert!(
+            chosen(0.0).contains(&0),
+            "off: the coin also picks the t4 node"
+        );
+        assert!(chosen(0.0).contains(&1));
+        assert!(
+            chosen(1.0).iter().all(|&n| n == 1),
+            "on: never the pressed model"
+        );
+        // A pod pinned to T4 still goes there.
+        let mut pinned = pod(1, 1000, 100);
+        pinned.constraints.use_types = vec!["t4".into()];
+        let params = FgdParams {
+            scarce_models: 1.0,
+            ..FgdParams::default()
+        };
+        let mut idx = FgdIndex::with_params(&dist, &c, params);
+        let mut rng = SplitMix64::new(1);
+        let d = schedule(&c, &pinned, 0..2, &cfg, Some(&mut idx), &mut rng).unwrap();
+        assert_eq!(d.node, 0);
     }
 
     #[test]

@@ -153,6 +153,11 @@ pub struct SimulateArgs {
     /// pods (the paper's simulator's gpuResWeight; 0: by pods).
     #[arg(long, default_value_t = FgdParams::default().gpu_weight)]
     pub fgd_gpu_weight: f64,
+    /// fgd (fullness ties): a GPU pod free to run on any model breaks equal scores by
+    /// fullness minus this × the model's pinned-demand pressure (0-1), keeping off the
+    /// models pinned pods need (0: off).
+    #[arg(long, default_value_t = FgdParams::default().scarce_models)]
+    pub fgd_scarce_models: f64,
     /// A relaxation for analysis: every node gets unbounded CPU and memory, so only the
     /// GPUs constrain placement. The difference to a normal run is what CPU and memory
     /// cost a policy in unallocated GPUs.
@@ -183,6 +188,7 @@ impl SimulateArgs {
             },
             gpu_by_score: self.fgd_gpu_by_score,
             gpu_weight: self.fgd_gpu_weight,
+            scarce_models: self.fgd_scarce_models,
         }
     }
 }
@@ -319,6 +325,9 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
     }
     if !(fgd.gpu_weight >= 0.0 && fgd.gpu_weight.is_finite()) {
         return Err(ArgsError::Range("--fgd-gpu-weight must be 0 or more").into());
+    }
+    if !(fgd.scarce_models >= 0.0 && fgd.scarce_models.is_finite()) {
+        return Err(ArgsError::Range("--fgd-scarce-models must be 0 or more").into());
     }
     let mut specs = Vec::new();
     for &split_count in &args.split_counts {
@@ -470,6 +479,7 @@ mod tests {
                 ties: FgdTies::NodeOrder(0),
                 gpu_by_score: false,
                 gpu_weight: 0.0,
+                scarce_models: 0.0,
             }
         );
         assert_eq!(
