@@ -316,6 +316,12 @@ fn typical_groups(dist: &ShapeDistribution, params: &FgdParams) -> Vec<Group> {
         .collect()
 }
 
+/// Whether a shape's GPU type allow-list (lower case; empty: any) admits
+/// the GPU model `model` (lower case): the model names one of its entries.
+fn admits(types: &[String], model: &str) -> bool {
+    types.is_empty() || types.iter().any(|t| model.contains(t.as_str()))
+}
+
 /// Per GPU model of the cluster (lower case), the typical pods' demand
 /// pinned to it per unit of its capacity: each pinned group's weight ×
 /// GPU-milli spread over the capacity of the models it allows; scaled so
@@ -329,19 +335,18 @@ fn pinned_pressure(groups: &[Group], cluster: &Cluster) -> BTreeMap<String, f64>
                 .or_default() += 1.0;
         }
     }
-    let allows = |grp: &Group, model: &str| grp.types.iter().any(|t| model.contains(t.as_str()));
     let mut pressure: BTreeMap<String, f64> = BTreeMap::new();
     for grp in groups.iter().filter(|g| !g.types.is_empty() && g.gpus > 0) {
         let allowed: f64 = capacity
             .iter()
-            .filter(|(m, _)| allows(grp, m))
+            .filter(|(m, _)| admits(&grp.types, m))
             .map(|(_, c)| c)
             .sum();
         if allowed == 0.0 {
             continue;
         }
         let demand = grp.weight * f64::from(grp.gpus) * f64::from(grp.milli);
-        for (model, _) in capacity.iter().filter(|(m, _)| allows(grp, m)) {
+        for (model, _) in capacity.iter().filter(|(m, _)| admits(&grp.types, m)) {
             *pressure.entry(model.clone()).or_default() += demand / allowed;
         }
     }
@@ -440,9 +445,7 @@ pub fn idle_shares(node: &Node, dist: &ShapeDistribution) -> IdleShares {
             .zip(&free)
             .filter(|(g, f)| {
                 let ty = g.device_type.to_lowercase();
-                let type_ok =
-                    shape.types.is_empty() || shape.types.iter().any(|t| ty.contains(t.as_str()));
-                type_ok
+                admits(&shape.types, &ty)
                     && g.health
                     && !g.cordoned
                     && if shape.milli >= MILLI_PER_GPU {
@@ -606,7 +609,8 @@ pub struct FgdIndex {
     groups: Vec<Group>,
     nodes: Vec<NodeState>,
     /// Per GPU model (lower case), the pinned demand on it per unit of its
-    /// capacity, the most pressed 1; from the nodes at build time.
+    /// capacity, the most pressed 1; from the nodes at build time, and only
+    /// when [`FgdParams::scarce_models`] is on (else empty).
     pressure: BTreeMap<String, f64>,
     /// Most recently used first; at most [`MEMO_REQUESTS`].
     memo: Vec<MemoEntry>,
@@ -624,7 +628,11 @@ impl FgdIndex {
     #[must_use]
     pub fn with_params(dist: &ShapeDistribution, cluster: &Cluster, params: FgdParams) -> Self {
         let groups = typical_groups(dist, &params);
-        let pressure = pinned_pressure(&groups, cluster);
+        let pressure = if params.scarce_models > 0.0 {
+            pinned_pressure(&groups, cluster)
+        } else {
+            BTreeMap::new()
+        };
         let mut index = Self {
             params,
             groups,
@@ -679,7 +687,7 @@ impl FgdIndex {
                 let mut m = 0u64;
                 for (i, g) in node.gpus.iter().enumerate().take(64) {
                     let ty = g.device_type.to_ascii_lowercase();
-                    if grp.types.is_empty() || grp.types.iter().any(|t| ty.contains(t.as_str())) {
+                    if admits(&grp.types, &ty) {
                         m |= 1 << i;
                     }
                 }
