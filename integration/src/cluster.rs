@@ -1286,6 +1286,21 @@ impl Cluster {
         }
     }
 
+    /// How often the kubelet would have restarted the real control plane's
+    /// kube-schedulers so far (each exits when it loses its Lease); 0 on
+    /// the fake control plane.
+    #[must_use]
+    pub fn kube_scheduler_restarts(&self) -> u32 {
+        match &self.plane {
+            Plane::Real(plane) => plane
+                .schedulers
+                .iter()
+                .map(crate::real::control_plane::Process::restarts)
+                .sum(),
+            Plane::Fake { .. } => 0,
+        }
+    }
+
     /// Stops the scheduler-webhook and starts it again on the same port (its
     /// model is rebuilt from the API server).
     ///

@@ -393,10 +393,11 @@ async fn throughput(
     let rss = rss_kib(std::process::id())
         .map_or_else(|| "n/a".to_owned(), |k| format!("{} MiB", k / 1024));
     let (report, _) = cluster.check().await?;
+    let restarts = cluster.kube_scheduler_restarts();
     cluster.shutdown().await;
     #[allow(clippy::cast_precision_loss)]
     let rate = running as f64 / secs;
-    Ok(vec![
+    let mut rows = vec![
         (
             format!(
                 "throughput: {count} slice pods, {nodes} nodes × 8 GPUs ({} control plane, {} mode)",
@@ -434,7 +435,16 @@ async fn throughput(
             .into(),
             rss,
         ),
-    ])
+    ];
+    if control_plane == ControlPlaneKind::Real {
+        rows.push((
+            "throughput".into(),
+            "kube-scheduler restarts (it exits when it loses its Lease; restarted as its pod would be)"
+                .into(),
+            restarts.to_string(),
+        ));
+    }
+    Ok(rows)
 }
 
 /// Whether a request is a write made by gpuslice's services.

@@ -6,8 +6,11 @@
 //! in the cluster's folder; a failure to start quotes the end of that log.
 
 use std::fs::File;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -46,7 +49,88 @@ pub struct Process {
     pub name: String,
     /// Where its stdout/stderr go.
     pub log: PathBuf,
-    child: Child,
+    run: Run,
+}
+
+/// How a [`Process`] runs: once, or restarted whenever it exits by itself.
+#[derive(Debug)]
+enum Run {
+    Once(Child),
+    Restarting(Restarter),
+}
+
+/// The kubelet's restart back-off for a container that exits
+/// (`restartPolicy: Always`, as every Deployment's pods have): the first
+/// restart after `initial`, each next one after twice the last, at most
+/// `max`; back to `initial` once the process ran for `reset` (Kubernetes
+/// documents 10 s, doubling, capped at 300 s, reset after 10 minutes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartBackoff {
+    /// Delay before the first restart.
+    pub initial: Duration,
+    /// Largest delay.
+    pub max: Duration,
+    /// A run this long resets the delay to `initial`.
+    pub reset: Duration,
+}
+
+impl RestartBackoff {
+    /// The kubelet's documented back-off.
+    pub const KUBELET: Self = Self {
+        initial: Duration::from_secs(10),
+        max: Duration::from_secs(300),
+        reset: Duration::from_secs(600),
+    };
+}
+
+/// What the restarting thread and [`Process`] share.
+#[derive(Debug, Default)]
+struct Supervised {
+    /// The current child's pid, while it has not been reaped.
+    pid: Option<u32>,
+    /// Set by [`Process::kill`]: no more restarts.
+    stopped: bool,
+    /// Restarts so far.
+    restarts: u32,
+}
+
+/// The thread that waits for the child and starts it again.
+#[derive(Debug)]
+struct Restarter {
+    shared: Arc<(Mutex<Supervised>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn lock(shared: &Mutex<Supervised>) -> MutexGuard<'_, Supervised> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Starts `binary` with stdout and stderr to `log` (appended to with
+/// `append`, as a restarted container's log continues).
+fn start_child(
+    name: &str,
+    binary: &Path,
+    args: &[String],
+    log: &Path,
+    append: bool,
+) -> Result<Child, String> {
+    let out = File::options()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(log)
+        .map_err(|e| format!("{name}: {e}"))?;
+    let err = out.try_clone().map_err(|e| format!("{name}: {e}"))?;
+    Command::new(binary)
+        .args(args)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("starting {name} ({}): {e}", binary.display()))
 }
 
 impl Process {
@@ -57,27 +141,108 @@ impl Process {
     /// The binary could not be started.
     pub fn spawn(name: &str, binary: &Path, args: &[String], dir: &Path) -> Result<Self, String> {
         let log = dir.join(format!("{name}.log"));
-        let out = File::create(&log).map_err(|e| format!("{name}: {e}"))?;
-        let err = out.try_clone().map_err(|e| format!("{name}: {e}"))?;
-        let child = Command::new(binary)
-            .args(args)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env_remove("KUBERNETES_SERVICE_PORT")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("starting {name} ({}): {e}", binary.display()))?;
+        let child = start_child(name, binary, args, &log, false)?;
         Ok(Self {
             name: name.to_owned(),
             log,
-            child,
+            run: Run::Once(child),
         })
+    }
+
+    /// [`Process::spawn`], started again with `backoff` whenever it exits
+    /// by itself, as the kubelet restarts a Deployment's container (for
+    /// example kube-scheduler, which exits when it loses its Lease). Each
+    /// restart appends a line to the log. [`Process::kill`] ends it for
+    /// good.
+    ///
+    /// # Errors
+    /// The binary could not be started the first time.
+    pub fn spawn_restarting(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        dir: &Path,
+        backoff: RestartBackoff,
+    ) -> Result<Self, String> {
+        let log = dir.join(format!("{name}.log"));
+        let first = start_child(name, binary, args, &log, false)?;
+        let shared = Arc::new((
+            Mutex::new(Supervised {
+                pid: Some(first.id()),
+                ..Supervised::default()
+            }),
+            Condvar::new(),
+        ));
+        let thread = {
+            let shared = Arc::clone(&shared);
+            let (who, binary, args, log) = (
+                name.to_owned(),
+                binary.to_owned(),
+                args.to_vec(),
+                log.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("restart-{name}"))
+                .spawn(move || {
+                    restart_loop(&shared, first, backoff, |status, delay| {
+                        let note = |line: String| {
+                            if let Ok(mut f) = File::options().append(true).open(&log) {
+                                let _ = writeln!(f, "[harness] {line}");
+                            }
+                        };
+                        note(format!(
+                            "{who} exited ({status}); restarting after {delay:?}"
+                        ));
+                        start_child(&who, &binary, &args, &log, true)
+                            .inspect_err(|e| note(format!("cannot restart: {e}")))
+                    });
+                })
+                .map_err(|e| format!("{name}: {e}"))?
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            log,
+            run: Run::Restarting(Restarter {
+                shared,
+                thread: Some(thread),
+            }),
+        })
+    }
+
+    /// How often it was restarted (0 for [`Process::spawn`]).
+    #[must_use]
+    pub fn restarts(&self) -> u32 {
+        match &self.run {
+            Run::Once(_) => 0,
+            Run::Restarting(r) => lock(&r.shared.0).restarts,
+        }
+    }
+
+    /// Waits until it was restarted at least `n` times; false when the
+    /// deadline passed first or it does not restart.
+    #[must_use]
+    pub fn wait_for_restarts(&self, n: u32, deadline: Duration) -> bool {
+        let Run::Restarting(r) = &self.run else {
+            return n == 0;
+        };
+        let (state, changed) = &*r.shared;
+        let (guard, _) = changed
+            .wait_timeout_while(lock(state), deadline, |s| s.restarts < n && !s.stopped)
+            .unwrap_or_else(PoisonError::into_inner);
+        guard.restarts >= n
     }
 
     /// `Some(reason)` when the process has exited.
     pub fn exited(&mut self) -> Option<String> {
-        match self.child.try_wait() {
+        let child = match &mut self.run {
+            Run::Once(child) => child,
+            Run::Restarting(r) => {
+                return lock(&r.shared.0)
+                    .stopped
+                    .then(|| format!("{} was stopped", self.name));
+            }
+        };
+        match child.try_wait() {
             Ok(Some(status)) => Some(format!(
                 "{} exited ({status}); {}",
                 self.name,
@@ -142,16 +307,92 @@ impl Process {
         }
     }
 
-    /// Kills it (SIGKILL) and reaps it.
+    /// Kills it (SIGKILL) and reaps it; a restarting process is not
+    /// started again.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        match &mut self.run {
+            Run::Once(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Run::Restarting(r) => {
+                {
+                    let mut state = lock(&r.shared.0);
+                    state.stopped = true;
+                    // The restarting thread's unreaped child: the thread
+                    // clears the pid, under this lock, right after reaping.
+                    let pid = state.pid.and_then(|p| i32::try_from(p).ok());
+                    if let Some(pid) = pid.and_then(rustix::process::Pid::from_raw) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                    r.shared.1.notify_all();
+                }
+                if let Some(thread) = r.thread.take() {
+                    let _ = thread.join();
+                }
+            }
+        }
     }
 
-    /// The process id.
+    /// The process id (of the current run, for a restarting process; 0
+    /// between a restarting process's runs).
     #[must_use]
     pub fn id(&self) -> u32 {
-        self.child.id()
+        match &self.run {
+            Run::Once(child) => child.id(),
+            Run::Restarting(r) => lock(&r.shared.0).pid.unwrap_or(0),
+        }
+    }
+}
+
+/// The restarting thread: waits for `child`; unless stopped, waits out the
+/// back-off (woken early by [`Process::kill`]) and starts the next run with
+/// `restart(exit status, delay)`. Ends when stopped or a restart fails.
+fn restart_loop(
+    shared: &(Mutex<Supervised>, Condvar),
+    mut child: Child,
+    backoff: RestartBackoff,
+    mut restart: impl FnMut(&str, Duration) -> Result<Child, String>,
+) {
+    let (state, changed) = shared;
+    let mut delay = backoff.initial;
+    loop {
+        let started = Instant::now();
+        // Reaping here while kill() may signal the pid: the pid could be
+        // reused only in the instant between this wait and the lock below,
+        // by a process this machine started in that instant.
+        let status = child
+            .wait()
+            .map_or_else(|e| e.to_string(), |s| s.to_string());
+        let mut guard = lock(state);
+        guard.pid = None;
+        if guard.stopped {
+            return;
+        }
+        if started.elapsed() >= backoff.reset {
+            delay = backoff.initial;
+        }
+        let waited = changed
+            .wait_timeout_while(guard, delay, |s| !s.stopped)
+            .unwrap_or_else(PoisonError::into_inner);
+        guard = waited.0;
+        if guard.stopped {
+            return;
+        }
+        match restart(&status, delay) {
+            Ok(next) => {
+                guard.pid = Some(next.id());
+                guard.restarts += 1;
+                child = next;
+                changed.notify_all();
+            }
+            Err(_) => {
+                guard.stopped = true;
+                changed.notify_all();
+                return;
+            }
+        }
+        delay = (delay * 2).min(backoff.max);
     }
 }
 
@@ -530,7 +771,9 @@ impl ControlPlane {
 
     /// Starts a kube-scheduler with `config` (a KubeSchedulerConfiguration,
     /// e.g. from the chart's ConfigMap) as the user of `kubeconfig`; returns
-    /// its index in [`ControlPlane::schedulers`]. With `hostname`, it runs in
+    /// its index in [`ControlPlane::schedulers`]. It is restarted whenever it
+    /// exits by itself, with the kubelet's back-off
+    /// ([`RestartBackoff::KUBELET`]), as its pod's container would be. With `hostname`, it runs in
     /// a UTS namespace of its own under that hostname (`unshare --uts`, needs
     /// root), so its Lease identity (`<hostname>_<uuid>`) differs from this
     /// machine's, as a second scheduler pod's would.
@@ -604,7 +847,15 @@ impl ControlPlane {
                 PathBuf::from("unshare")
             }
         };
-        let process = Process::spawn(&format!("kube-scheduler-{i}"), &program, &args, &self.dir)?;
+        // In its pod the kubelet restarts it whenever it exits, e.g. after
+        // losing its Lease on a loaded machine (kube-scheduler exits then).
+        let process = Process::spawn_restarting(
+            &format!("kube-scheduler-{i}"),
+            &program,
+            &args,
+            &self.dir,
+            RestartBackoff::KUBELET,
+        )?;
         self.schedulers.push(process);
         self.scheduler_ports.push(port);
         Ok(i)
@@ -670,4 +921,81 @@ current-context: real\n",
         ca.display()
     );
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUICK: RestartBackoff = RestartBackoff {
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(4),
+        reset: Duration::from_secs(600),
+    };
+
+    fn sh(script: &str) -> Vec<String> {
+        vec!["-c".into(), script.into()]
+    }
+
+    #[test]
+    fn a_process_that_exits_by_itself_is_started_again_and_its_log_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut flaky = Process::spawn_restarting(
+            "flaky",
+            Path::new("sh"),
+            &sh("echo run; exit 3"),
+            dir.path(),
+            QUICK,
+        )
+        .unwrap();
+        assert!(flaky.wait_for_restarts(3, Duration::from_secs(60)));
+        flaky.kill();
+        let after = flaky.restarts();
+        assert!(after >= 3, "{after}");
+        assert!(flaky.exited().is_some(), "killed means stopped for good");
+        let log = std::fs::read_to_string(&flaky.log).unwrap();
+        let runs = log.lines().filter(|l| *l == "run").count();
+        let notes = log.lines().filter(|l| l.starts_with("[harness]")).count();
+        assert_eq!(notes, after as usize, "one note per restart:\n{log}");
+        // The last run may be killed before it prints.
+        assert!(
+            runs == notes || runs == notes + 1,
+            "every run appends to one log:\n{log}"
+        );
+        assert!(
+            log.contains("[harness] flaky exited (exit status: 3); restarting after"),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn killing_a_restarting_process_ends_it_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut long = Process::spawn_restarting(
+            "long",
+            Path::new("sleep"),
+            &["1000".into()],
+            dir.path(),
+            QUICK,
+        )
+        .unwrap();
+        let pid = long.id();
+        assert!(pid > 0);
+        assert!(long.exited().is_none());
+        long.kill();
+        assert_eq!(long.restarts(), 0);
+        assert_eq!(long.id(), 0, "no run after kill");
+        // Reaped, so no /proc entry is left behind (not even a zombie).
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    }
+
+    #[test]
+    fn a_process_spawned_once_is_not_restarted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut once = Process::spawn("once", Path::new("sh"), &sh("exit 0"), dir.path()).unwrap();
+        once.kill();
+        assert!(once.exited().is_some());
+        assert!(!once.wait_for_restarts(1, Duration::from_secs(1)));
+        assert_eq!(once.restarts(), 0);
+    }
 }
