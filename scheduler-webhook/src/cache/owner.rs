@@ -28,7 +28,7 @@
 //! [`ModelHandle::handshake_due`], so the leader stamps it at once, as HAMi's
 //! registration pass runs on node add, instead of at its next 15 s tick.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +43,7 @@ use super::model::{
 };
 use crate::convert::NodeHandshake;
 use crate::core::quota::QuotaStatus;
+use proto::hami::keys;
 
 /// How long a filter waits for nodes it names to be registered in the
 /// model (HAMi's filter polls its node cache for up to 100 ms).
@@ -154,6 +155,15 @@ pub enum Command {
         /// Where the answer goes.
         reply: oneshot::Sender<Vec<QuotaStatus>>,
     },
+    /// Follow a node's lock annotation (`hami.io/mutex.lock`) as the node
+    /// watch sees it: the receiver changes when the value does, and closes
+    /// when the node is deleted.
+    WatchNodeLock {
+        /// The node.
+        node: String,
+        /// Where the receiver goes.
+        reply: oneshot::Sender<watch::Receiver<Option<String>>>,
+    },
     /// The pod is bound: its reservation is now a commitment.
     Commit(String),
     /// The bind failed: drop the reservation.
@@ -195,6 +205,10 @@ pub struct ModelHandle {
     handshake_due: watch::Receiver<u64>,
     /// How long a filter waits for unregistered candidates.
     patience: Duration,
+    /// The binds of this process that wait for a node's lock take turns,
+    /// one at a time per node, so only one of them reads and writes the
+    /// Node for the lock (see [`ModelHandle::bind_turn`]).
+    bind_turns: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl ModelHandle {
@@ -204,6 +218,37 @@ impl ModelHandle {
     /// [`ModelGone`] when the owner has stopped.
     pub async fn send(&self, command: Command) -> Result<(), ModelGone> {
         self.tx.send(command).await.map_err(|_| ModelGone)
+    }
+
+    /// Follows `node`'s lock annotation as the node watch sees it
+    /// ([`Command::WatchNodeLock`]).
+    ///
+    /// # Errors
+    /// [`ModelGone`] when the owner has stopped.
+    pub async fn watch_node_lock(
+        &self,
+        node: &str,
+    ) -> Result<watch::Receiver<Option<String>>, ModelGone> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::WatchNodeLock {
+            node: node.to_owned(),
+            reply,
+        })
+        .await?;
+        answer.await.map_err(|_| ModelGone)
+    }
+
+    /// The turn of binds to `node` in this process: a bind holds it while it
+    /// takes the node's lock, so binds queued for one node (kube-scheduler
+    /// binds many pods at once) wait in order here, not by each polling the
+    /// API server. Every node's turn lives as long as the handle.
+    #[must_use]
+    pub fn bind_turn(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self
+            .bind_turns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(turns.entry(node.to_owned()).or_default())
     }
 
     /// The same handle with filters waiting up to `patience` (instead of
@@ -421,6 +466,29 @@ pub fn spawn_with_clock(model: ClusterModel, clock: fn() -> i64) -> ModelHandle 
         changes,
         handshake_due,
         patience: UNREGISTERED_WAIT,
+        bind_turns: Arc::default(),
+    }
+}
+
+/// Sets `node`'s lock value, waking its followers only when it changed.
+fn publish_lock(
+    locks: &mut HashMap<String, watch::Sender<Option<String>>>,
+    node: &str,
+    lock: Option<String>,
+) {
+    match locks.get(node) {
+        Some(sender) => {
+            sender.send_if_modified(|seen| {
+                let changed = *seen != lock;
+                if changed {
+                    *seen = lock;
+                }
+                changed
+            });
+        }
+        None => {
+            locks.insert(node.to_owned(), watch::channel(lock).0);
+        }
     }
 }
 
@@ -455,6 +523,8 @@ async fn run(
     let mut relist = Relist::default();
     // Nodes a filter waited for in vain (see the module doc).
     let mut given_up: HashSet<String> = HashSet::new();
+    // Every node's lock annotation, for binds waiting on one.
+    let mut locks: HashMap<String, watch::Sender<Option<String>>> = HashMap::new();
     while let Some(command) = rx.recv().await {
         // Filters waiting for unregistered nodes, or for the model to catch
         // up after a verdict of no fit, wake on every node or pod change.
@@ -486,6 +556,15 @@ async fn run(
                     .name
                     .as_ref()
                     .map(|n| model.unregistered(std::slice::from_ref(n)).next().is_none());
+                if let Some(name) = node.metadata.name.as_ref() {
+                    let lock = node
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(keys::NODE_LOCK))
+                        .cloned();
+                    publish_lock(&mut locks, name, lock);
+                }
                 if let Err(error) = model.apply_node(&node) {
                     warn!(node = ?node.metadata.name, %error, "node annotation does not decode; keeping its previous GPUs");
                 }
@@ -523,6 +602,8 @@ async fn run(
             }
             Command::DeleteNode(name) => {
                 given_up.remove(&name);
+                // Closes the receivers: their binds read the Node again.
+                locks.remove(&name);
                 model.delete_node(&name);
             }
             Command::ApplyPod(pod) => {
@@ -629,6 +710,13 @@ async fn run(
             }
             Command::GetQuotas { reply } => {
                 let _ = reply.send(model.quota_snapshot());
+            }
+            Command::WatchNodeLock { node, reply } => {
+                let follower = locks
+                    .entry(node)
+                    .or_insert_with(|| watch::channel(None).0)
+                    .subscribe();
+                let _ = reply.send(follower);
             }
             Command::Commit(uid) => {
                 if let Err(error) = model.commit(&uid) {
@@ -820,5 +908,51 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(handle.quota("team-a").await.unwrap(), None);
+    }
+
+    fn locked_node(lock: Option<&str>, label: &str) -> Node {
+        let annotations = lock.map_or_else(|| json!({}), |l| json!({ keys::NODE_LOCK: l }));
+        serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"l": label}, "annotations": annotations}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_bind_following_a_node_lock_wakes_when_the_lock_changes_and_only_then() {
+        let handle = spawn(model());
+        let held = "2025-07-12T01:12:20Z,default,holder";
+        let apply = |n: Node| handle.send(Command::ApplyNode(Box::new(n)));
+        apply(locked_node(Some(held), "a")).await.unwrap();
+        let mut follower = handle.watch_node_lock("n1").await.unwrap();
+        assert_eq!(follower.borrow().as_deref(), Some(held));
+
+        // Another change of the node (a label) is not a change of the lock.
+        apply(locked_node(Some(held), "b")).await.unwrap();
+        let _ = handle.watch_node_lock("n1").await.unwrap(); // the owner has applied it
+        assert!(!follower.has_changed().unwrap());
+
+        apply(locked_node(None, "b")).await.unwrap();
+        follower.changed().await.unwrap();
+        assert_eq!(*follower.borrow_and_update(), None);
+
+        // A node not seen yet is followed from no lock; deleting closes it.
+        let mut unseen = handle.watch_node_lock("n2").await.unwrap();
+        assert_eq!(*unseen.borrow(), None);
+        handle.send(Command::DeleteNode("n1".into())).await.unwrap();
+        assert!(follower.changed().await.is_err());
+        handle.send(Command::DeleteNode("n2".into())).await.unwrap();
+        assert!(unseen.changed().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn binds_to_one_node_take_turns_and_other_nodes_do_not_wait() {
+        let handle = spawn(model());
+        let first = handle.bind_turn("n1");
+        let held = first.lock().await;
+        assert!(handle.bind_turn("n1").try_lock().is_err());
+        assert!(handle.clone().bind_turn("n2").try_lock().is_ok());
+        drop(held);
+        assert!(handle.bind_turn("n1").try_lock().is_ok());
     }
 }
