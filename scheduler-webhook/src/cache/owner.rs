@@ -229,13 +229,11 @@ impl ModelHandle {
         &self,
         node: &str,
     ) -> Result<watch::Receiver<Option<String>>, ModelGone> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::WatchNodeLock {
+        self.ask(|reply| Command::WatchNodeLock {
             node: node.to_owned(),
             reply,
         })
-        .await?;
-        answer.await.map_err(|_| ModelGone)
+        .await
     }
 
     /// The turn of binds to `node` in this process: a bind holds it while it
@@ -249,6 +247,17 @@ impl ModelHandle {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         Arc::clone(turns.entry(node.to_owned()).or_default())
+    }
+
+    /// Sends the command `make` builds around a reply channel and waits for
+    /// the owner's answer.
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, ModelGone> {
+        let (reply, answer) = oneshot::channel();
+        self.send(make(reply)).await?;
+        answer.await.map_err(|_| ModelGone)
     }
 
     /// The same handle with filters waiting up to `patience` (instead of
@@ -281,15 +290,15 @@ impl ModelHandle {
         let mut pod = Box::new(pod);
         let mut patient = true;
         loop {
-            let (reply, rx) = oneshot::channel();
-            self.send(Command::Filter {
-                pod,
-                candidates: Arc::clone(&candidates),
-                patient,
-                reply,
-            })
-            .await?;
-            let (back, outcome, missing) = match rx.await.map_err(|_| ModelGone)? {
+            let answer = self
+                .ask(|reply| Command::Filter {
+                    pod,
+                    candidates: Arc::clone(&candidates),
+                    patient,
+                    reply,
+                })
+                .await?;
+            let (back, outcome, missing) = match answer {
                 Filtered::Decided(outcome) => return Ok(outcome),
                 Filtered::Refused {
                     pod,
@@ -324,14 +333,12 @@ impl ModelHandle {
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn dry_run(&self, pod: Pod, nodes: Arc<[Node]>) -> Result<DryRun, ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::DryRun {
+        self.ask(|reply| Command::DryRun {
             pod: Box::new(pod),
             nodes,
             reply,
         })
-        .await?;
-        rx.await.map_err(|_| ModelGone)
+        .await
     }
 
     /// A receiver bumped whenever a GPU node's handshake must be requested
@@ -346,13 +353,11 @@ impl ModelHandle {
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn decision(&self, uid: &str) -> Result<Option<Decided>, ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Decision {
+        self.ask(|reply| Command::Decision {
             uid: uid.to_owned(),
             reply,
         })
-        .await?;
-        rx.await.map_err(|_| ModelGone)
+        .await
     }
 
     /// Every GPU's and every slice's use.
@@ -360,9 +365,7 @@ impl ModelHandle {
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn snapshot(&self) -> Result<(Vec<GpuSnapshot>, Vec<SliceSnapshot>), ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Snapshot { reply }).await?;
-        rx.await.map_err(|_| ModelGone)
+        self.ask(|reply| Command::Snapshot { reply }).await
     }
 
     /// The pods whose last filter found no node, with why.
@@ -370,9 +373,7 @@ impl ModelHandle {
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn pending(&self) -> Result<Vec<PendingPod>, ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::GetPending { reply }).await?;
-        rx.await.map_err(|_| ModelGone)
+        self.ask(|reply| Command::GetPending { reply }).await
     }
 
     /// The cluster's fragmentation for the current workload.
@@ -380,9 +381,7 @@ impl ModelHandle {
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn fragmentation(&self) -> Result<FragmentationSnapshot, ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::GetFragmentation { reply }).await?;
-        rx.await.map_err(|_| ModelGone)
+        self.ask(|reply| Command::GetFragmentation { reply }).await
     }
 
     /// What the handshake reads from every GPU node, as the watch last
@@ -391,9 +390,7 @@ impl ModelHandle {
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn handshakes(&self) -> Result<Vec<(String, NodeHandshake)>, ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Handshakes { reply }).await?;
-        rx.await.map_err(|_| ModelGone)
+        self.ask(|reply| Command::Handshakes { reply }).await
     }
 
     /// One namespace's quota limits and use; `None` when it has no quota.
@@ -401,13 +398,11 @@ impl ModelHandle {
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn quota(&self, namespace: &str) -> Result<Option<QuotaStatus>, ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::GetQuota {
+        self.ask(|reply| Command::GetQuota {
             namespace: namespace.to_owned(),
             reply,
         })
-        .await?;
-        rx.await.map_err(|_| ModelGone)
+        .await
     }
 
     /// Every namespace's quota limits and use.
@@ -415,9 +410,7 @@ impl ModelHandle {
     /// # Errors
     /// [`ModelGone`] when the owner has stopped.
     pub async fn quotas(&self) -> Result<Vec<QuotaStatus>, ModelGone> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::GetQuotas { reply }).await?;
-        rx.await.map_err(|_| ModelGone)
+        self.ask(|reply| Command::GetQuotas { reply }).await
     }
 
     /// Whether nodes, pods and quotas have been listed once.
