@@ -234,13 +234,19 @@ impl Process {
 
     /// `Some(reason)` when the process has exited.
     pub fn exited(&mut self) -> Option<String> {
-        let child = match &mut self.run {
-            Run::Once(child) => child,
-            Run::Restarting(r) => {
-                return lock(&r.shared.0)
-                    .stopped
-                    .then(|| format!("{} was stopped", self.name));
-            }
+        if let Run::Restarting(r) = &self.run {
+            // Stopped: killed, or a restart failed (its log says why).
+            let stopped = lock(&r.shared.0).stopped;
+            return stopped.then(|| {
+                format!(
+                    "{} is not running (killed, or it could not be restarted); {}",
+                    self.name,
+                    self.log_tail()
+                )
+            });
+        }
+        let Run::Once(child) = &mut self.run else {
+            return None;
         };
         match child.try_wait() {
             Ok(Some(status)) => Some(format!(

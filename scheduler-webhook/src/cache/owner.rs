@@ -911,6 +911,13 @@ mod tests {
         .unwrap()
     }
 
+    /// `f`'s output, or a failure (not a hang) when the owner never answers.
+    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), f)
+            .await
+            .expect("the owner published nothing within 10 s")
+    }
+
     #[tokio::test]
     async fn a_bind_following_a_node_lock_wakes_when_the_lock_changes_and_only_then() {
         let handle = spawn(model());
@@ -926,16 +933,16 @@ mod tests {
         assert!(!follower.has_changed().unwrap());
 
         apply(locked_node(None, "b")).await.unwrap();
-        follower.changed().await.unwrap();
+        within(follower.changed()).await.unwrap();
         assert_eq!(*follower.borrow_and_update(), None);
 
         // A node not seen yet is followed from no lock; deleting closes it.
         let mut unseen = handle.watch_node_lock("n2").await.unwrap();
         assert_eq!(*unseen.borrow(), None);
         handle.send(Command::DeleteNode("n1".into())).await.unwrap();
-        assert!(follower.changed().await.is_err());
+        assert!(within(follower.changed()).await.is_err());
         handle.send(Command::DeleteNode("n2".into())).await.unwrap();
-        assert!(unseen.changed().await.is_err());
+        assert!(within(unseen.changed()).await.is_err());
     }
 
     #[tokio::test]

@@ -356,8 +356,8 @@ pub async fn release_lock(nodes: &Api<Node>, node: &str, namespace: &str, pod: &
 /// and the one whose turn it is waits for the lock to change as the node
 /// watch sees it, reading the Node again only then (or after a capped
 /// back-off, for holders judged by their pod and for a watch that lags).
-/// Before, every waiting bind read the Node and the holder every 500 ms:
-/// at 100 nodes that was most of the API server's load.
+/// Polling by every waiting bind was most of the API server's load at 100
+/// nodes (docs/benchmarks.md).
 async fn acquire_lock(
     nodes: &Api<Node>,
     client: &Client,
