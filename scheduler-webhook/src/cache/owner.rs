@@ -208,7 +208,31 @@ pub struct ModelHandle {
     /// The binds of this process that wait for a node's lock take turns,
     /// one at a time per node, so only one of them reads and writes the
     /// Node for the lock (see [`ModelHandle::bind_turn`]).
-    bind_turns: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    bind_turns: Arc<std::sync::Mutex<BindTurns>>,
+}
+
+/// Each node's bind turn, kept while a bind holds or awaits it: turns no
+/// bind holds are dropped once the map has doubled since it was last
+/// pruned, so a cluster whose nodes come and go does not grow it forever.
+#[derive(Debug, Default)]
+struct BindTurns {
+    by_node: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    prune_at: usize,
+}
+
+impl BindTurns {
+    /// The least size at which the map is pruned.
+    const PRUNE_FLOOR: usize = 64;
+
+    fn turn(&mut self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
+        if self.by_node.len() >= self.prune_at.max(Self::PRUNE_FLOOR) {
+            // Every clone is made under the map's lock, so a turn only the
+            // map holds has no bind holding or awaiting it.
+            self.by_node.retain(|_, turn| Arc::strong_count(turn) > 1);
+            self.prune_at = 2 * self.by_node.len();
+        }
+        Arc::clone(self.by_node.entry(node.to_owned()).or_default())
+    }
 }
 
 impl ModelHandle {
@@ -239,14 +263,14 @@ impl ModelHandle {
     /// The turn of binds to `node` in this process: a bind holds it while it
     /// takes the node's lock, so binds queued for one node (kube-scheduler
     /// binds many pods at once) wait in order here, not by each polling the
-    /// API server. Every node's turn lives as long as the handle.
+    /// API server. A node's turn lives while some bind holds or awaits it
+    /// ([`BindTurns`]).
     #[must_use]
     pub fn bind_turn(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut turns = self
-            .bind_turns
+        self.bind_turns
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(turns.entry(node.to_owned()).or_default())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .turn(node)
     }
 
     /// Sends the command `make` builds around a reply channel and waits for
@@ -628,7 +652,12 @@ async fn run(
             }
             Command::RelistStarted(Kind::Quotas) => relist.quotas = Some(HashSet::new()),
             Command::RelistDone(Kind::Nodes) => {
-                model.reconcile_nodes(&relist.nodes.take().unwrap_or_default());
+                let seen = relist.nodes.take().unwrap_or_default();
+                // Nodes deleted while the watch was down: as on a delete
+                // event, their lock followers close and their give-ups go.
+                locks.retain(|name, _| seen.contains(name));
+                given_up.retain(|name| seen.contains(name));
+                model.reconcile_nodes(&seen);
                 relist.nodes_listed = true;
             }
             Command::RelistDone(Kind::Pods) => {
@@ -954,5 +983,53 @@ mod tests {
         assert!(handle.clone().bind_turn("n2").try_lock().is_ok());
         drop(held);
         assert!(handle.bind_turn("n1").try_lock().is_ok());
+    }
+
+    fn turns_kept(handle: &ModelHandle) -> Vec<String> {
+        let turns = handle.bind_turns.lock().unwrap();
+        let mut names: Vec<String> = turns.by_node.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn turns_no_bind_holds_are_dropped_as_nodes_come_and_go() {
+        let handle = spawn(model());
+        let first = handle.bind_turn("held");
+        let held = first.lock().await;
+        let _awaiting = handle.bind_turn("awaited");
+        for i in 2..BindTurns::PRUNE_FLOOR {
+            let _ = handle.bind_turn(&format!("gone-{i}"));
+        }
+        assert_eq!(turns_kept(&handle).len(), BindTurns::PRUNE_FLOOR);
+        // The map reached its floor: the next turn prunes it first.
+        let _ = handle.bind_turn("new");
+        assert_eq!(turns_kept(&handle), ["awaited", "held", "new"]);
+        // The held turn is the same one: a bind to its node still waits.
+        assert!(handle.bind_turn("held").try_lock().is_err());
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_relist_closes_the_lock_followers_of_nodes_deleted_meanwhile() {
+        let handle = spawn(model());
+        handle
+            .send(Command::ApplyNode(Box::new(locked_node(None, "a"))))
+            .await
+            .unwrap();
+        let mut gone = handle.watch_node_lock("n1").await.unwrap();
+        let mut unseen = handle.watch_node_lock("never-listed").await.unwrap();
+        // The watch broke; n1 was deleted before the relist, n2 is new.
+        handle
+            .send(Command::RelistStarted(Kind::Nodes))
+            .await
+            .unwrap();
+        let n2: Node = serde_json::from_value(json!({"metadata": {"name": "n2"}})).unwrap();
+        handle.send(Command::ApplyNode(Box::new(n2))).await.unwrap();
+        handle.send(Command::RelistDone(Kind::Nodes)).await.unwrap();
+        assert!(within(gone.changed()).await.is_err());
+        assert!(within(unseen.changed()).await.is_err());
+        let kept = handle.watch_node_lock("n2").await.unwrap();
+        assert!(kept.has_changed().is_ok(), "n2's lock is still followed");
     }
 }
