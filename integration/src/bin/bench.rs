@@ -318,16 +318,38 @@ async fn submit_and_settle(
         |ps| ps.len() >= want && ps.iter().all(settled),
     )
     .await?;
-    let running = list
+    let elapsed = started.elapsed().as_secs_f64();
+    let (running, rest): (Vec<&Pod>, Vec<&Pod>) = list
         .iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .count();
-    Ok((started.elapsed().as_secs_f64(), running))
+        .partition(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
+    for pod in rest {
+        eprintln!(
+            "  not running after {elapsed:.2} s: {}",
+            not_running_why(pod)
+        );
+    }
+    Ok((elapsed, running.len()))
+}
+
+/// `name: phase` and, for a pod kube-scheduler refused, its message.
+fn not_running_why(pod: &Pod) -> String {
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    let refused = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.message.as_deref())
+        .unwrap_or("");
+    format!("{name}: {phase} {refused}")
 }
 
 async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
     let mut times = Vec::new();
-    let mut running = 0;
+    // The fewest pods running at the settle of any run.
+    let mut running = usize::MAX;
     for _ in 0..args.runs.max(1) {
         let cluster = Cluster::start(ClusterSpec {
             nodes: 1,
@@ -345,7 +367,7 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
         )
         .await?;
         times.push(secs);
-        running = ran;
+        running = running.min(ran);
         cluster.shutdown().await;
     }
     times.sort_by(f64::total_cmp);
@@ -367,7 +389,7 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
         ),
         (
             "burst".into(),
-            "pods running".into(),
+            format!("pods running (fewest of {} runs)", times.len()),
             format!("{running}/40"),
         ),
     ])
