@@ -263,8 +263,9 @@ impl ModelHandle {
     /// The turn of binds to `node` in this process: a bind holds it while it
     /// takes the node's lock, so binds queued for one node (kube-scheduler
     /// binds many pods at once) wait in order here, not by each polling the
-    /// API server. A node's turn lives while some bind holds or awaits it
-    /// ([`BindTurns`]).
+    /// API server. A node's turn lives while some bind holds or awaits it:
+    /// turns no bind holds are dropped once the map has doubled since it
+    /// was last pruned.
     #[must_use]
     pub fn bind_turn(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.bind_turns
