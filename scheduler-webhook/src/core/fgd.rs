@@ -316,6 +316,27 @@ fn typical_groups(dist: &ShapeDistribution, params: &FgdParams) -> Vec<Group> {
         .collect()
 }
 
+/// The typical GPU pods' (milli-CPU, MiB) per milli-GPU, frequency-weighted.
+fn host_per_gpu(groups: &[Group]) -> (f64, f64) {
+    let (mut cpu, mut mem, mut gpu) = (0.0, 0.0, 0.0);
+    for grp in groups.iter().filter(|g| g.gpus > 0) {
+        let milli = f64::from(grp.gpus) * f64::from(grp.milli.min(MILLI_PER_GPU));
+        for &(c, m, f) in &grp.shapes {
+            #[allow(clippy::cast_precision_loss)]
+            {
+                cpu += f * c as f64;
+                mem += f * m as f64;
+            }
+            gpu += f * milli;
+        }
+    }
+    if gpu > 0.0 {
+        (cpu / gpu, mem / gpu)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
 /// Whether a shape's GPU type allow-list (lower case; empty: any) admits
 /// the GPU model `model` (lower case): the model names one of its entries.
 fn admits(types: &[String], model: &str) -> bool {
@@ -614,6 +635,9 @@ pub struct FgdIndex {
     pressure: BTreeMap<String, f64>,
     /// Most recently used first; at most [`MEMO_REQUESTS`].
     memo: Vec<MemoEntry>,
+    /// The typical GPU pods' CPU (milli-CPU) and memory (MiB) per
+    /// milli-GPU they ask, frequency-weighted ([`FgdIndex::host_per_gpu`]).
+    host_per_gpu: (f64, f64),
 }
 
 impl FgdIndex {
@@ -633,12 +657,14 @@ impl FgdIndex {
         } else {
             BTreeMap::new()
         };
+        let host_per_gpu = host_per_gpu(&groups);
         let mut index = Self {
             params,
             groups,
             nodes: Vec::new(),
             pressure,
             memo: Vec::new(),
+            host_per_gpu,
         };
         for id in 0..cluster.nodes().len() {
             index.refresh_node(cluster, id);
@@ -654,6 +680,13 @@ impl FgdIndex {
             .and_then(|g| self.pressure.get(&g.device_type.to_ascii_lowercase()))
             .copied()
             .unwrap_or(0.0)
+    }
+
+    /// What the typical GPU pods ask of the host per milli-GPU they ask:
+    /// (milli-CPU, memory MiB), frequency-weighted; (0, 0) without GPU pods.
+    #[must_use]
+    pub fn host_per_gpu(&self) -> (f64, f64) {
+        self.host_per_gpu
     }
 
     /// The parameters the index was built with.

@@ -1,16 +1,25 @@
 //! The `fgdpack` policy: fragmentation gradient descent ([`crate::core::fgd`])
-//! whose ties are broken by a packing key that also counts what the node
+//! that also counts the GPU capacity a node's CPU and memory can no longer
+//! feed, with ties broken by a packing key that also counts what the node
 //! has left once the pod is placed.
 //!
 //! Same rules as every policy: pods arrive one at a time, never move, and
 //! must fit CPU, memory and GPUs. For each node that fits, FGD's own
 //! evaluation gives the placement inside the node and the fragmentation
-//! growth `g` (milli-GPU, for the workload's shape distribution). The node's
-//! key is then, higher winning:
-//! 1. `⌊steps · sigmoid(−g / temperature)⌋`: FGD's score, with
-//!    [`FgdPackParams::steps`] = 100 and [`FgdPackParams::temperature`] =
-//!    1000 as FGD (a larger temperature makes each step wider in growth, so
-//!    more nodes tie);
+//! growth `g` (milli-GPU, for the workload's shape distribution). To it is
+//! added [`FgdPackParams::strand`] × `s`, the growth of the node's stranded
+//! capacity: the idle milli-GPU that its free CPU or memory cannot feed at
+//! the CPU and memory the workload's GPU pods ask per milli-GPU (on openb,
+//! about 11 cores per GPU). FGD sees a shortage only when the next typical
+//! pod no longer fits; `s` sees it while the node still has GPUs to fill,
+//! so a CPU-only pod (whose FGD growth is the same on every node) or a
+//! CPU-heavy GPU pod goes where CPU is plentiful, and a CPU-light one
+//! (openb's 810-milli pods ask under 4 cores per GPU) where it is scarce.
+//! The node's key is then, higher winning:
+//! 1. `⌊steps · sigmoid(−(g + strand · s) / temperature)⌋`: FGD's score,
+//!    with [`FgdPackParams::steps`] = 100 and
+//!    [`FgdPackParams::temperature`] = 1000 as FGD (a larger temperature
+//!    makes each step wider in growth, so more nodes tie);
 //! 2. for a GPU pod: the node's fullness before the pod (HAMi's node score,
 //!    0–30, as FGD breaks its ties), minus [`FgdPackParams::cpu_balance`] ×
 //!    how far the node's CPU share in use after the pod runs ahead of its
@@ -19,10 +28,11 @@
 //!    pod, spare CPU per idle GPU, as FGD.
 //!
 //! With [`FgdPackParams::fgd`] the decisions are FGD's. The defaults (FGD's
-//! score, leftover weight 0.3) were chosen on the openb traces `default` and
-//! `multigpu50`, seeds 42 and 43, split count 100; wider score steps and
-//! the CPU-balance term measured worse or no better there and are off
-//! (`docs/benchmarks.md`).
+//! score, leftover weight 0.3, chosen on the openb traces `default` and
+//! `multigpu50`, seeds 42 and 43, split count 100; strand weight 1, chosen
+//! on `default`, seeds 42–51) are measured in `docs/benchmarks.md`; wider
+//! score steps and the CPU-balance term measured worse or no better there
+//! and are off.
 //!
 //! Each node's outcome is remembered in the FGD index's memo under the
 //! request tagged with this policy, so FGD and `fgdpack` decisions never
@@ -49,11 +59,17 @@ pub struct FgdPackParams {
     /// (`0.5 × free CPU ÷ 128 cores + 0.5 × free GPU ÷ 8 GPUs`), in the
     /// packing key (FGD: 0).
     pub leftover: f64,
+    /// Weight of the growth in stranded GPU capacity, added to FGD's
+    /// growth before it is scored (FGD: 0). A node's stranded capacity is
+    /// the idle milli-GPU its free CPU or memory cannot feed at the typical
+    /// GPU pods' CPU and memory per milli-GPU.
+    pub strand: f64,
 }
 
-/// The defaults, chosen on openb `default` and `multigpu50`, seeds 42–43
-/// (`docs/benchmarks.md`): FGD's score, ties by fullness less 0.3 × the
-/// bestfit leftover.
+/// The defaults, chosen on openb `default` and `multigpu50`
+/// (`docs/benchmarks.md`): FGD's score of its growth plus the stranded
+/// capacity's growth (weight 1), ties by fullness less 0.3 × the bestfit
+/// leftover.
 impl Default for FgdPackParams {
     fn default() -> Self {
         Self {
@@ -61,6 +77,7 @@ impl Default for FgdPackParams {
             steps: 100.0,
             cpu_balance: 0.0,
             leftover: 0.3,
+            strand: 1.0,
         }
     }
 }
@@ -74,6 +91,7 @@ impl FgdPackParams {
             steps: 100.0,
             cpu_balance: 0.0,
             leftover: 0.0,
+            strand: 0.0,
         }
     }
 
@@ -119,6 +137,31 @@ fn pod_gpu_milli(req: &PodRequest) -> u64 {
         .flatten()
         .map(|r| u64::from(r.nums) * u64::from(r.cores.min(100)) * 10)
         .sum()
+}
+
+/// The idle milli-GPU of a node with `free` (milli-CPU, MiB) and `idle`
+/// milli-GPU that its CPU or memory cannot feed at `per_gpu` (milli-CPU,
+/// MiB per milli-GPU).
+fn stranded(free: (u64, u64), idle: u64, per_gpu: (f64, f64)) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let (cpu, mem, idle) = (free.0 as f64, free.1 as f64, idle as f64);
+    let fed = |have: f64, per: f64| if per > 0.0 { have / per } else { f64::INFINITY };
+    (idle - fed(cpu, per_gpu.0).min(fed(mem, per_gpu.1))).max(0.0)
+}
+
+/// How much placing `req` on `node` grows the node's stranded capacity.
+fn strand_growth(index: &FgdIndex, node: &Node, req: &PodRequest) -> f64 {
+    let Some((cpu, mem)) = node.free_cpu_memory() else {
+        return 0.0;
+    };
+    let idle = node_idle_milli(node);
+    let per_gpu = index.host_per_gpu();
+    let after = (
+        cpu.saturating_sub(req.cpu_milli),
+        mem.saturating_sub(req.memory_mib),
+    );
+    stranded(after, idle.saturating_sub(pod_gpu_milli(req)), per_gpu)
+        - stranded((cpu, mem), idle, per_gpu)
 }
 
 /// The packing key (see the module doc).
@@ -170,7 +213,12 @@ pub fn schedule_fgdpack(
     // Remembered under the tagged request, apart from FGD's keys.
     let mut tagged = req.clone();
     tagged.node_policy = Some(Policy::FgdPack);
-    let key = |_: &FgdIndex, _, node: &Node, growth| {
+    let key = |index: &FgdIndex, _, node: &Node, growth: f64| {
+        let growth = if params.strand == 0.0 {
+            growth
+        } else {
+            growth + params.strand * strand_growth(index, node, req)
+        };
         (params.score_of_growth(growth), secondary(params, node, req))
     };
     let (chosen, failed) = index.scan(cluster, &tagged, req, candidates, weights, key, rng);
@@ -278,6 +326,67 @@ mod tests {
             schedule(&c, &pod(1, 30, 0), 0..4, &pack_cfg, None, &mut rng),
             Err(ScheduleError::MissingFgdIndex)
         );
+    }
+
+    #[test]
+    fn stranded_capacity_is_what_free_cpu_or_memory_cannot_feed() {
+        // 8 cores and 10 GiB per GPU: milli-CPU and MiB per milli-GPU.
+        let per_gpu = (8.0, 10.24);
+        // 4 idle GPUs, 24 cores: 3 GPUs fed, 1000 milli-GPU stranded.
+        assert!((stranded((24_000, 1 << 20), 4000, per_gpu) - 1000.0).abs() < 1e-9);
+        // Memory the shorter: 20 GiB feeds 2 GPUs.
+        assert!((stranded((64_000, 20_480), 4000, per_gpu) - 2000.0).abs() < 1e-9);
+        // Enough of both, or no GPU pods in the workload: nothing.
+        assert!(stranded((64_000, 1 << 20), 4000, per_gpu).abs() < 1e-9);
+        assert!(stranded((0, 0), 4000, (0.0, 0.0)).abs() < 1e-9);
+    }
+
+    /// A CPU-heavy GPU pod ties under FGD on two empty nodes (its growth is
+    /// nil on both), and the packing key alone would take the node with
+    /// less CPU; counting stranded capacity takes the one whose GPUs its
+    /// CPU leaves fed.
+    #[test]
+    fn a_cpu_heavy_pod_goes_where_it_strands_no_gpu() {
+        let poor = NodeCapacity {
+            cpu_milli: 32_000,
+            memory_mib: 1 << 20,
+        };
+        let rich = NodeCapacity {
+            cpu_milli: 64_000,
+            ..poor
+        };
+        let c = Cluster::new(vec![
+            mk_node("poor", 4, 10, 1000).with_capacity(poor),
+            mk_node("rich", 4, 10, 1000).with_capacity(rich),
+        ]);
+        // The workload: whole-GPU pods of 8 cores (8 per GPU).
+        let mut dist = ShapeDistribution::default();
+        dist.observe(Shape {
+            cpu_milli: 8000,
+            memory_mib: 0,
+            gpus: 1,
+            milli: 1000,
+            types: vec![],
+        });
+        // 24 cores: on "poor" it leaves 8 cores for 3 idle GPUs.
+        let heavy = pod(1, 100, 24_000);
+        let decide = |fgdpack: FgdPackParams| {
+            let cfg = SchedulerConfig {
+                node_policy: Policy::FgdPack,
+                fgdpack,
+                ..SchedulerConfig::default()
+            };
+            let mut index = FgdIndex::new(&dist, &c);
+            let mut rng = SplitMix64::new(1);
+            let d = schedule(&c, &heavy, 0..2, &cfg, Some(&mut index), &mut rng).unwrap();
+            c.node(d.node).unwrap().name.clone()
+        };
+        let without = FgdPackParams {
+            strand: 0.0,
+            ..FgdPackParams::default()
+        };
+        assert_eq!(decide(without), "poor");
+        assert_eq!(decide(FgdPackParams::default()), "rich");
     }
 
     #[test]

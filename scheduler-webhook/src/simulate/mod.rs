@@ -127,6 +127,10 @@ pub struct SimulateArgs {
     /// fgdpack: weight of the node's bestfit leftover in the packing key (fgd: 0).
     #[arg(long, default_value_t = FgdPackParams::default().leftover)]
     pub fgdpack_leftover: f64,
+    /// fgdpack: weight of the growth in GPU capacity the node's free CPU or memory
+    /// cannot feed, added to FGD's growth (fgd: 0).
+    #[arg(long, default_value_t = FgdPackParams::default().strand)]
+    pub fgdpack_strand: f64,
     /// fgd and fgdpack: the most frequent shapes covering this share of the pods are
     /// the typical pods (the paper's simulator: 0.95).
     #[arg(long, default_value_t = FgdParams::default().coverage)]
@@ -308,14 +312,16 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
         steps: args.fgdpack_steps,
         cpu_balance: args.fgdpack_cpu_balance,
         leftover: args.fgdpack_leftover,
+        strand: args.fgdpack_strand,
     };
     if !(fgdpack.temperature > 0.0
         && fgdpack.steps > 0.0
         && fgdpack.cpu_balance.is_finite()
-        && fgdpack.leftover.is_finite())
+        && fgdpack.leftover.is_finite()
+        && fgdpack.strand.is_finite())
     {
         return Err(ArgsError::Range(
-            "--fgdpack-temperature and --fgdpack-steps must be positive, --fgdpack-cpu-balance and --fgdpack-leftover finite",
+            "--fgdpack-temperature and --fgdpack-steps must be positive, --fgdpack-cpu-balance, --fgdpack-leftover and --fgdpack-strand finite",
         )
         .into());
     }
