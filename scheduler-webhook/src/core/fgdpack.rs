@@ -66,10 +66,10 @@ pub struct FgdPackParams {
     pub strand: f64,
 }
 
-/// The defaults, chosen on openb `default` and `multigpu50`
-/// (`docs/benchmarks.md`): FGD's score of its growth plus the stranded
-/// capacity's growth (weight 1), ties by fullness less 0.3 × the bestfit
-/// leftover.
+/// The defaults (`docs/benchmarks.md`): FGD's score of its growth plus the
+/// stranded capacity's growth (weight 1, chosen on openb `default`), ties
+/// by fullness less 0.3 × the bestfit leftover (chosen on `default` and
+/// `multigpu50`).
 impl Default for FgdPackParams {
     fn default() -> Self {
         Self {
