@@ -30,7 +30,7 @@ use proto::hami::mig::known_profiles;
 use serde::Serialize;
 use tokio::sync::watch;
 
-pub use self::settle::{PodState, Settling};
+pub use self::settle::{PodState, Settling, scheduled_false};
 use crate::checker::{self, Report};
 use crate::cluster::{Cluster, ClusterError, ClusterSpec, ControlPlaneKind, Mode};
 use crate::harness::HarnessError;

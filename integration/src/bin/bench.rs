@@ -37,7 +37,7 @@ use integration::fake_scheduler::config::ExtenderConfig;
 use integration::fake_scheduler::extender::Extender;
 use integration::fake_scheduler::wire::ExtenderBindingArgs;
 use integration::harness::wait_for_list;
-use integration::sandbox::settled;
+use integration::sandbox::{scheduled_false, settled};
 use integration::workload;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
@@ -336,13 +336,7 @@ fn not_running_why(pod: &Pod) -> String {
     let name = pod.metadata.name.as_deref().unwrap_or("?");
     let status = pod.status.as_ref();
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
-    let refused = status
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        .and_then(|c| c.message.as_deref())
-        .unwrap_or("");
+    let refused = scheduled_false(pod).map_or("", |(_, message)| message);
     format!("{name}: {phase} {refused}")
 }
 

@@ -137,7 +137,7 @@ fn holds(pod: &Pod) -> bool {
 }
 
 /// The `PodScheduled=False` condition, as (reason, message).
-fn scheduled_false(pod: &Pod) -> Option<(&str, &str)> {
+pub fn scheduled_false(pod: &Pod) -> Option<(&str, &str)> {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

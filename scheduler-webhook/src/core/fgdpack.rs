@@ -214,11 +214,7 @@ pub fn schedule_fgdpack(
     let mut tagged = req.clone();
     tagged.node_policy = Some(Policy::FgdPack);
     let key = |index: &FgdIndex, _, node: &Node, growth: f64| {
-        let growth = if params.strand == 0.0 {
-            growth
-        } else {
-            growth + params.strand * strand_growth(index, node, req)
-        };
+        let growth = growth + params.strand * strand_growth(index, node, req);
         (params.score_of_growth(growth), secondary(params, node, req))
     };
     let (chosen, failed) = index.scan(cluster, &tagged, req, candidates, weights, key, rng);
