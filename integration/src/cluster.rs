@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -38,6 +38,10 @@ use crate::fake_scheduler::config::{ExtenderConfig, SchedulerConfig};
 use node_daemon::devices::simulated::{HealthSwitch, SimulatedDevices, simulated_uuid};
 use node_daemon::settings::OperatingMode;
 pub use scheduler_webhook::settings::Mode;
+
+/// The extended resource every node advertises its GPUs as (HAMi's
+/// default name, which the clusters here keep).
+const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// Scheduler name every GPU pod is routed to.
 pub const SCHEDULER_NAME: &str = "gpuslice-scheduler";
@@ -820,7 +824,8 @@ impl Cluster {
     }
 
     async fn start_real(spec: ClusterSpec, dir: tempfile::TempDir) -> Result<Self, ClusterError> {
-        use crate::real::{binaries::Binaries, control_plane::ControlPlane, install};
+        use crate::real::control_plane::{ControlPlane, SCHEDULER_ALWAYS_ALLOW};
+        use crate::real::{binaries::Binaries, install};
 
         let binaries = Binaries::find().map_err(|missing| {
             start_err(
@@ -876,7 +881,12 @@ impl Cluster {
             // chart's configuration.
             Some(config) => {
                 plane
-                    .start_scheduler(config, &installed.scheduler_kubeconfig, None)
+                    .start_scheduler_with(
+                        config,
+                        &installed.scheduler_kubeconfig,
+                        None,
+                        &[SCHEDULER_ALWAYS_ALLOW.to_owned()],
+                    )
                     .map_err(|e| start_err("kube-scheduler", e))?;
             }
             // DRA mode: the cluster's own kube-scheduler (default profile,
@@ -886,7 +896,12 @@ impl Cluster {
                     .certificate_kubeconfig("kube-scheduler", "system:kube-scheduler", &[])
                     .map_err(|e| start_err("kube-scheduler", e))?;
                 plane
-                    .start_scheduler(DEFAULT_SCHEDULER_CONFIG, &kubeconfig, None)
+                    .start_scheduler_with(
+                        DEFAULT_SCHEDULER_CONFIG,
+                        &kubeconfig,
+                        None,
+                        &[SCHEDULER_ALWAYS_ALLOW.to_owned()],
+                    )
                     .map_err(|e| start_err("kube-scheduler", e))?;
             }
         }
@@ -1019,7 +1034,7 @@ impl Cluster {
                             .status
                             .as_ref()
                             .and_then(|s| s.allocatable.as_ref())
-                            .and_then(|a| a.get("nvidia.com/gpu"))
+                            .and_then(|a| a.get(GPU_RESOURCE))
                             .is_some_and(|q| q.0 != "0");
                         registered && allocatable
                     })
@@ -1033,7 +1048,14 @@ impl Cluster {
             Plane::Fake {
                 scheduler: Some(s), ..
             } => s
-                .wait_for(Duration::from_secs(60), |st| st.leader && st.synced)
+                .wait_for(Duration::from_secs(60), |st| {
+                    let gpu_nodes = st
+                        .node_allocatable
+                        .values()
+                        .filter(|a| a.get(GPU_RESOURCE).is_some_and(|&m| m > 0))
+                        .count();
+                    st.leader && st.synced && gpu_nodes >= want
+                })
                 .await
                 .map(drop)
                 .map_err(|e| start_err("fake-scheduler", e))?,
@@ -1068,9 +1090,46 @@ impl Cluster {
                         ),
                     )
                 })?;
+                self.wait_for_kube_scheduler_nodes(want).await?;
             }
         }
         Ok(())
+    }
+
+    /// Waits until kube-scheduler 0's node cache holds `want` nodes
+    /// (`scheduler_cache_size{type="nodes"}`, refreshed every
+    /// second), so pods created next are not refused for want of a node
+    /// its watch has not delivered yet. The count does not say which
+    /// version of a node the cache holds; a pod refused on a version
+    /// without GPUs is retried on the node's update, as kube-scheduler
+    /// requeues it. A metrics page cannot be watched, so it is polled.
+    async fn wait_for_kube_scheduler_nodes(&self, want: usize) -> Result<(), ClusterError> {
+        const SERIES: &str = "scheduler_cache_size{type=\"nodes\"}";
+        let Some(plane) = self.real_control_plane() else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let last = match plane.scheduler_metrics(0).await {
+                Ok(page) => match crate::scheduler_bench::gauge(&page, SERIES) {
+                    #[allow(clippy::cast_precision_loss)]
+                    Some(nodes) if nodes >= want as f64 => return Ok(()),
+                    Some(nodes) => format!("{SERIES} is {nodes}"),
+                    None => format!("no {SERIES} on its /metrics yet"),
+                },
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(start_err(
+                    "kube-scheduler",
+                    format!(
+                        "its cache did not hold {want} nodes within 60 s: {last}; {}",
+                        plane.logs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     /// DRA mode: every node's fake kubelet has the driver registered and
@@ -1117,7 +1176,7 @@ impl Cluster {
         )
         .await
         .map_err(|e| start_err("kube-scheduler", e))?;
-        Ok(())
+        self.wait_for_kube_scheduler_nodes(want_nodes).await
     }
 
     /// Runs the independent checker over what the API server shows now;

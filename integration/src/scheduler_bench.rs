@@ -61,7 +61,7 @@ use tracing::info;
 use crate::cluster::{ClusterSpec, SCHEDULER_NAME, host_identity, start_scheduler_webhook};
 use crate::harness::{HarnessError, wait_for_object};
 use crate::real::binaries::Binaries;
-use crate::real::control_plane::{ControlPlane, Options, free_port};
+use crate::real::control_plane::{ControlPlane, Options, SCHEDULER_ALWAYS_ALLOW, free_port};
 use crate::real::install;
 
 /// The namespace the measured pods are created in.
@@ -73,9 +73,6 @@ const CREATES_IN_FLIGHT: usize = 64;
 const SPLIT: u32 = 10;
 /// Memory per GPU, MiB.
 const GPU_MEMORY_MIB: u32 = 40960;
-/// Lets anonymous scrapes of kube-scheduler's `/metrics` through its
-/// delegated authorization (the other three are its default).
-const ALWAYS_ALLOW: &str = "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics";
 /// kube-scheduler's own histogram of one scheduling attempt.
 pub const ATTEMPT_HISTOGRAM: &str = "scheduler_scheduling_attempt_duration_seconds";
 /// The service's histogram of one `/filter` answer.
@@ -535,7 +532,7 @@ async fn one_run(
         .await
         .map_err(setup)?;
     let client = plane.admin_client().await.map_err(setup)?;
-    let always_allow = [ALWAYS_ALLOW.to_owned()];
+    let always_allow = [SCHEDULER_ALWAYS_ALLOW.to_owned()];
 
     // The service (slice runs): the chart installed, the webhook and
     // extender serving before kube-scheduler starts.
@@ -636,10 +633,7 @@ async fn one_run(
     };
     let seconds = last_bind.duration_since(t0).as_secs_f64();
 
-    let scheduler_metrics = match plane.scheduler_metrics_url(scheduler) {
-        Some(url) => scrape_https(&url).await?,
-        None => String::new(),
-    };
+    let scheduler_metrics = plane.scheduler_metrics(scheduler).await.map_err(setup)?;
     // Kept beside the logs (GPUSLICE_KEEP_CLUSTER_DIR=1 keeps the folder).
     std::fs::write(dir.join("kube-scheduler.metrics"), &scheduler_metrics)?;
     let attempts = histogram(&scheduler_metrics, ATTEMPT_HISTOGRAM);
@@ -834,20 +828,6 @@ async fn play_device_plugin(
     Ok(())
 }
 
-/// A page over HTTPS from a component with a self-signed serving
-/// certificate (kube-scheduler's), without credentials.
-async fn scrape_https(url: &str) -> Result<String, BenchError> {
-    let (base, path) = url
-        .find("/metrics")
-        .map_or((url, "/"), |i| (&url[..i], &url[i..]));
-    let mut config = kube::Config::new(base.parse().map_err(setup)?);
-    // Its certificate is self-signed at start; loopback only.
-    config.accept_invalid_certs = true;
-    let client = kube::Client::try_from(config)?;
-    let request = http::Request::get(path).body(Vec::new()).map_err(setup)?;
-    Ok(client.request_text(request).await?)
-}
-
 /// A Prometheus histogram's cumulative buckets, every series of the
 /// family summed by upper bound.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -895,6 +875,17 @@ pub fn histogram(text: &str, family: &str) -> Histogram {
     let mut buckets: Vec<(f64, f64)> = sums.into_values().collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     Histogram { buckets }
+}
+
+/// The value of one series in a Prometheus text page, named with its
+/// labels exactly as the page writes them (e.g.
+/// `scheduler_cache_size{type="nodes"}`); `None` when the page
+/// has no such series or its value does not parse.
+#[must_use]
+pub fn gauge(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
 }
 
 impl Histogram {
@@ -978,6 +969,21 @@ scheduler_scheduling_attempt_duration_seconds_count{profile="a",result="schedule
         // rank 108.9 falls in +Inf: the largest finite bound.
         assert!((h.quantile(0.99) - 0.002).abs() < 1e-12);
         assert!((h.last_finite_bound() - 0.002).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_gauge_is_read_by_its_exact_series() {
+        let page = "# TYPE scheduler_cache_size gauge\n\
+            scheduler_cache_size{type=\"assumed_pods\"} 0\n\
+            scheduler_cache_size{type=\"nodes\"} 3\n\
+            scheduler_cache_size{type=\"pods\"} 12 1700000000000\n";
+        let series = |t: &str| format!("scheduler_cache_size{{type=\"{t}\"}}");
+        assert_eq!(gauge(page, &series("nodes")), Some(3.0));
+        // A timestamp after the value is not part of it.
+        assert_eq!(gauge(page, &series("pods")), Some(12.0));
+        assert_eq!(gauge(page, &series("images")), None);
+        // A prefix of a series name is not that series.
+        assert_eq!(gauge(page, "scheduler_cache_size"), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use integration::fake_apiserver::FakeApiServer;
 use integration::fake_scheduler::{
-    ExtenderConfig, FakeScheduler, LeaderElectionConfig, SchedulerConfig, TlsConfig,
+    ExtenderConfig, FakeScheduler, LeaderElectionConfig, SchedulerConfig, Stats, TlsConfig,
 };
 use integration::harness::{
     bound_node, create_nodes, pod_condition, wait_for_object, wait_for_pod, wait_for_pod_events,
@@ -23,7 +23,7 @@ use integration::harness::{
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -710,6 +710,74 @@ async fn extender_rejection_is_unschedulable_with_its_reasons_and_retried_on_nod
     assert!(stats.unschedulable >= 1, "{stats:?}");
     scheduler.shutdown().await;
     ext.stop().await;
+    c.server.shutdown().await;
+}
+
+/// What `Cluster::wait_until_ready` waits for: the nodes the scheduler
+/// can place pods on now, with their allocatable as its cache holds it.
+#[tokio::test]
+async fn node_cache_stats_follow_adds_allocatable_changes_and_deletes() {
+    let c = cluster(&[node("n-listed", "4", "8Gi", json!({}))]).await;
+    let scheduler = FakeScheduler::start(c.client.clone(), config(None))
+        .await
+        .unwrap();
+    let gpus = |s: &Stats, name: &str| {
+        s.node_allocatable
+            .get(name)
+            .and_then(|a| a.get(GPU))
+            .copied()
+    };
+    // The first list: the node without GPUs.
+    let listed = scheduler
+        .wait_for(DEADLINE, |s| {
+            s.synced && s.node_allocatable.contains_key("n-listed")
+        })
+        .await
+        .unwrap();
+    assert_eq!(gpus(&listed, "n-listed"), None);
+    assert_eq!(listed.node_allocatable["n-listed"]["cpu"], 4000);
+
+    // A node registered after the list.
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &node("n-late", "4", "8Gi", json!({GPU: "8"})),
+        )
+        .await
+        .unwrap();
+    scheduler
+        .wait_for(DEADLINE, |s| gpus(s, "n-late") == Some(8000))
+        .await
+        .unwrap();
+
+    // Its device plugin registers: the listed node's allocatable grows.
+    nodes
+        .patch_status(
+            "n-listed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocatable": {GPU: "2"}}})),
+        )
+        .await
+        .unwrap();
+    scheduler
+        .wait_for(DEADLINE, |s| gpus(s, "n-listed") == Some(2000))
+        .await
+        .unwrap();
+
+    nodes
+        .delete("n-late", &DeleteParams::default())
+        .await
+        .unwrap();
+    let after = scheduler
+        .wait_for(DEADLINE, |s| !s.node_allocatable.contains_key("n-late"))
+        .await
+        .unwrap();
+    assert_eq!(
+        after.node_allocatable.keys().collect::<Vec<_>>(),
+        vec!["n-listed"]
+    );
+    scheduler.shutdown().await;
     c.server.shutdown().await;
 }
 

@@ -28,6 +28,7 @@ pub mod scheduler;
 pub mod usage;
 pub mod wire;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -59,6 +60,11 @@ pub struct Stats {
     pub leader: bool,
     /// The node and pod caches finished their first list.
     pub synced: bool,
+    /// Each node in the node cache and its `status.allocatable` in
+    /// milli-units, as the scheduler sees them now (what it can place
+    /// pods on; kube-scheduler's `scheduler_cache_size{type="nodes"}`
+    /// counts the same cache).
+    pub node_allocatable: BTreeMap<String, fit::Resources>,
     /// Lease acquire/renew attempts (successful or not).
     pub lease_attempts: u64,
     /// Successful Lease acquisitions and renewals.

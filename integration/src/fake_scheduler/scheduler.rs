@@ -251,19 +251,53 @@ impl Scheduler {
                 }
                 self.nodes_synced = true;
                 self.publish_synced();
+                self.publish_nodes(None);
                 self.queue.move_all_unschedulable(Instant::now());
             }
             watcher::Event::Apply(node) => {
-                let changed = self.nodes.get(&name(&node)) != Some(&node);
-                self.nodes.insert(name(&node), node);
+                let key = name(&node);
+                let changed = self.nodes.get(&key) != Some(&node);
+                self.nodes.insert(key.clone(), node);
                 if changed {
                     self.queue.move_all_unschedulable(Instant::now());
+                    self.publish_nodes(Some(&key));
                 }
             }
             watcher::Event::Delete(node) => {
-                self.nodes.remove(&name(&node));
+                let key = name(&node);
+                self.nodes.remove(&key);
+                self.publish_nodes(Some(&key));
             }
         }
+    }
+
+    /// Publishes the allocatable of node `name` as the cache holds it now
+    /// (none: the node left it), or of every node when `name` is `None`
+    /// ([`Stats::node_allocatable`]).
+    fn publish_nodes(&self, name: Option<&str>) {
+        self.stats.send_if_modified(|s| match name {
+            None => {
+                let all: BTreeMap<String, fit::Resources> = self
+                    .nodes
+                    .iter()
+                    .map(|(name, node)| (name.clone(), fit::allocatable(node)))
+                    .collect();
+                let changed = s.node_allocatable != all;
+                s.node_allocatable = all;
+                changed
+            }
+            Some(name) => {
+                let now = self.nodes.get(name).map(fit::allocatable);
+                if s.node_allocatable.get(name) == now.as_ref() {
+                    return false;
+                }
+                match now {
+                    Some(a) => s.node_allocatable.insert(name.to_owned(), a),
+                    None => s.node_allocatable.remove(name),
+                };
+                true
+            }
+        });
     }
 
     fn on_pod_event(&mut self, event: watcher::Event<Pod>) {

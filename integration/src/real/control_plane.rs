@@ -458,6 +458,12 @@ pub struct ControlPlane {
     etcd: Process,
 }
 
+/// kube-scheduler's `--authorization-always-allow-paths` with `/metrics`
+/// beside its default three, so [`ControlPlane::scheduler_metrics`] can
+/// scrape it without credentials.
+pub const SCHEDULER_ALWAYS_ALLOW: &str =
+    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics";
+
 impl ControlPlane {
     /// Starts etcd, kube-apiserver and kube-controller-manager in `dir` and
     /// waits until the apiserver is ready and the `default` ServiceAccount
@@ -796,9 +802,8 @@ impl ControlPlane {
     }
 
     /// [`ControlPlane::start_scheduler`] with `extra_args` appended to its
-    /// command line (e.g. `--authorization-always-allow-paths` with
-    /// `/metrics`, so [`ControlPlane::scheduler_metrics_url`] can be
-    /// scraped without credentials).
+    /// command line (e.g. [`SCHEDULER_ALWAYS_ALLOW`], so
+    /// [`ControlPlane::scheduler_metrics`] can scrape it).
     ///
     /// # Errors
     /// It could not be started.
@@ -867,14 +872,29 @@ impl ControlPlane {
         Ok(i)
     }
 
-    /// `https://127.0.0.1:PORT/metrics` of kube-scheduler `i` (secure
-    /// serving, a self-signed certificate; anonymous access needs `/metrics`
-    /// in `--authorization-always-allow-paths`).
-    #[must_use]
-    pub fn scheduler_metrics_url(&self, i: usize) -> Option<String> {
-        self.scheduler_ports
+    /// kube-scheduler `i`'s `/metrics` page, scraped now without
+    /// credentials: it must run with [`SCHEDULER_ALWAYS_ALLOW`]. Its
+    /// serving certificate is self-signed, so it is not verified (loopback
+    /// only).
+    ///
+    /// # Errors
+    /// There is no scheduler `i`, or the scrape failed.
+    pub async fn scheduler_metrics(&self, i: usize) -> Result<String, String> {
+        let port = self
+            .scheduler_ports
             .get(i)
-            .map(|port| format!("https://127.0.0.1:{port}/metrics"))
+            .ok_or_else(|| format!("no kube-scheduler {i}"))?;
+        let url = format!("https://127.0.0.1:{port}");
+        let mut config = kube::Config::new(url.parse().map_err(|e| format!("{url}: {e}"))?);
+        config.accept_invalid_certs = true;
+        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        client
+            .request_text(request)
+            .await
+            .map_err(|e| format!("{url}/metrics: {e}"))
     }
 
     /// The end of every process's log, for a failing test's message.
