@@ -88,6 +88,10 @@ pub struct ClusterSpec {
     /// node-daemon is a DRA driver, the fake kubelet prepares claims);
     /// DRA mode needs the real control plane.
     pub mode: Mode,
+    /// Keep the real kube-apiserver's audit log, to count requests by
+    /// client ([`Cluster::api_audit`]); ignored on the fake control plane,
+    /// whose request log is always kept.
+    pub api_audit: bool,
 }
 
 /// Which kubelet runs a [`Cluster`]'s nodes.
@@ -170,6 +174,7 @@ impl Default for ClusterSpec {
             kubelet: KubeletKind::Fake,
             operating_mode: OperatingMode::HamiCore,
             mode: Mode::DevicePlugin,
+            api_audit: false,
         }
     }
 }
@@ -836,9 +841,14 @@ impl Cluster {
                 ),
             )
         })?;
-        let mut plane = ControlPlane::start(binaries, &dir.path().join("control-plane"))
-            .await
-            .map_err(|e| start_err("real control plane", e))?;
+        let options = crate::real::control_plane::Options {
+            api_audit: spec.api_audit,
+            ..Default::default()
+        };
+        let mut plane =
+            ControlPlane::start_with(binaries, &dir.path().join("control-plane"), &options)
+                .await
+                .map_err(|e| start_err("real control plane", e))?;
         let webhook_addr =
             SocketAddr::from(([127, 0, 0, 1], crate::real::control_plane::free_port()?));
         let mut sets = vec![
@@ -1343,6 +1353,18 @@ impl Cluster {
                 "only on the real control plane",
             )),
         }
+    }
+
+    /// The real kube-apiserver's requests so far by client, verb and
+    /// resource; `None` unless [`ClusterSpec::api_audit`] on the real
+    /// control plane.
+    ///
+    /// # Errors
+    /// The audit log could not be read.
+    pub fn api_audit(&self) -> Option<Result<crate::real::audit::Tally, ClusterError>> {
+        self.real_control_plane()?
+            .audit_log()
+            .map(|r| r.map_err(|e| start_err("kube-apiserver audit log", e)))
     }
 
     /// How often the kubelet would have restarted the real control plane's

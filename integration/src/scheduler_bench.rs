@@ -527,6 +527,7 @@ async fn one_run(
     std::fs::create_dir_all(dir)?;
     let options = Options {
         node_lifecycle: false,
+        ..Options::default()
     };
     let mut plane = ControlPlane::start_with(binaries, &dir.join("control-plane"), &options)
         .await

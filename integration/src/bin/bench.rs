@@ -104,6 +104,12 @@ struct Args {
     /// Nodes for `chaos` (4 GPUs each).
     #[arg(long, default_value_t = 4)]
     chaos_nodes: usize,
+    /// With `--control-plane real`, keep kube-apiserver's audit log and print the requests
+    /// `throughput` made per pod, by client, verb and resource (the busiest kinds). The log costs
+    /// the API server a write per request, so its speed figures are not comparable with a run
+    /// without it.
+    #[arg(long)]
+    api_audit: bool,
     /// Seed of `chaos`'s schedule (pod sizes, deletions, which fault where and for how long).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -146,9 +152,7 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("running {which} …");
         match which.as_str() {
             "burst" => rows.extend(burst(&args).await?),
-            "throughput" => {
-                rows.extend(throughput(args.throughput_nodes, args.control_plane, args.mode).await?)
-            }
+            "throughput" => rows.extend(throughput(&args).await?),
             "steady" => rows.extend(steady(args.steady_seconds).await?),
             "extender" => {
                 for &n in &args.extender_nodes {
@@ -389,23 +393,29 @@ async fn burst(args: &Args) -> anyhow::Result<Vec<Row>> {
     ])
 }
 
-async fn throughput(
-    nodes: usize,
-    control_plane: ControlPlaneKind,
-    mode: Mode,
-) -> anyhow::Result<Vec<Row>> {
+async fn throughput(args: &Args) -> anyhow::Result<Vec<Row>> {
+    let (nodes, control_plane, mode) = (args.throughput_nodes, args.control_plane, args.mode);
+    if args.api_audit && control_plane != ControlPlaneKind::Real {
+        anyhow::bail!("--api-audit needs --control-plane real");
+    }
     let cluster = Cluster::start(ClusterSpec {
         nodes,
         gpus_per_node: 8,
         control_plane,
         mode,
+        api_audit: args.api_audit,
         ..ClusterSpec::default()
     })
     .await?;
     cluster.wait_until_ready().await?;
     let count = nodes * 8 * 2; // two slices per GPU on average
     let pods = workload::burst(count, 40960);
+    let audit_before = cluster.api_audit().transpose()?;
     let (secs, running) = submit_and_settle(&cluster, &pods, Duration::from_secs(900)).await?;
+    let audit = match (cluster.api_audit().transpose()?, audit_before) {
+        (Some(after), Some(before)) => Some(after.since(&before)),
+        _ => None,
+    };
     let rss = rss_kib(std::process::id())
         .map_or_else(|| "n/a".to_owned(), |k| format!("{} MiB", k / 1024));
     let (report, _) = cluster.check().await?;
@@ -460,8 +470,39 @@ async fn throughput(
             restarts.to_string(),
         ));
     }
+    if let Some(audit) = audit {
+        rows.extend(audit_rows(&audit, count));
+    }
     Ok(rows)
 }
+
+/// The API requests per pod from create to settle: in all, then the
+/// busiest kinds by client, verb and resource.
+fn audit_rows(audit: &integration::real::audit::Tally, pods: usize) -> Vec<Row> {
+    #[allow(clippy::cast_precision_loss)]
+    let per_pod = |n: u64| format!("{:.2}", n as f64 / pods.max(1) as f64);
+    let mut rows = vec![(
+        "throughput: API requests (audit log, create → settle)".into(),
+        format!(
+            "per pod, all clients ({} requests; {} answered 409, {} answered 429)",
+            audit.total(),
+            audit.conflicts,
+            audit.throttled
+        ),
+        per_pod(audit.total()),
+    )];
+    for (kind, n) in audit.busiest().into_iter().take(AUDIT_ROWS) {
+        rows.push((
+            "throughput: API requests".into(),
+            format!("per pod: {} {} {}", kind.client, kind.verb, kind.resource),
+            per_pod(n),
+        ));
+    }
+    rows
+}
+
+/// Request kinds listed by `--api-audit`.
+const AUDIT_ROWS: usize = 15;
 
 /// Whether a request is a write made by gpuslice's services.
 fn gpuslice_write(method: &str, path: &str) -> bool {

@@ -427,12 +427,18 @@ pub struct Options {
     /// benchmark's) need it off, as kube-scheduler's own scheduler_perf runs
     /// without it.
     pub node_lifecycle: bool,
+    /// Write kube-apiserver's audit log ([`super::audit::POLICY`]: every
+    /// request, who sent it, no bodies) to `audit.log` in the control
+    /// plane's folder ([`ControlPlane::audit_log`]). Off by default: it
+    /// costs the API server a write per request.
+    pub api_audit: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self {
             node_lifecycle: true,
+            api_audit: false,
         }
     }
 }
@@ -453,6 +459,8 @@ pub struct ControlPlane {
     /// Their secure ports on 127.0.0.1 (same index).
     scheduler_ports: Vec<u16>,
     dir: PathBuf,
+    /// The audit log, when [`Options::api_audit`] asked for one.
+    audit_log: Option<PathBuf>,
     controller_manager: Option<Process>,
     apiserver: Process,
     etcd: Process,
@@ -526,6 +534,14 @@ impl ControlPlane {
         etcd.wait_ready_line(Duration::from_secs(60)).await?;
 
         let p = |x: &Path| x.display().to_string();
+        let audit_log = options.api_audit.then(|| dir.join("audit.log"));
+        let mut audit_args = Vec::new();
+        if let Some(log) = &audit_log {
+            let policy = dir.join("audit-policy.yaml");
+            std::fs::write(&policy, super::audit::POLICY).map_err(io)?;
+            audit_args.push(format!("--audit-policy-file={}", p(&policy)));
+            audit_args.push(format!("--audit-log-path={}", p(log)));
+        }
         let apiserver = Process::spawn(
             "kube-apiserver",
             &binaries.path("kube-apiserver"),
@@ -556,7 +572,10 @@ impl ControlPlane {
                 format!("--feature-gates={DRA_FEATURE_GATES}"),
                 "--profiling=false".into(),
                 "--v=1".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(audit_args)
+            .collect::<Vec<String>>(),
             dir,
         )?;
         let admin = pki
@@ -578,6 +597,7 @@ impl ControlPlane {
             schedulers: Vec::new(),
             scheduler_ports: Vec::new(),
             dir: dir.to_owned(),
+            audit_log,
             controller_manager: None,
             apiserver,
             etcd,
@@ -895,6 +915,19 @@ impl ControlPlane {
             .request_text(request)
             .await
             .map_err(|e| format!("{url}/metrics: {e}"))
+    }
+
+    /// kube-apiserver's audit log so far, tallied by client, verb and
+    /// resource; `None` without [`Options::api_audit`].
+    ///
+    /// # Errors
+    /// The log could not be read.
+    pub fn audit_log(&self) -> Option<Result<super::audit::Tally, String>> {
+        self.audit_log.as_ref().map(|path| {
+            std::fs::read_to_string(path)
+                .map(|text| super::audit::tally(&text))
+                .map_err(|e| format!("{}: {e}", path.display()))
+        })
     }
 
     /// The end of every process's log, for a failing test's message.

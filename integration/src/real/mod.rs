@@ -3,6 +3,7 @@
 //! published Go modules by `integration/k8s/build.sh`, run as processes on
 //! loopback, with the objects `helm template` renders from our chart.
 //!
+//! - [`audit`]: kube-apiserver's audit log, tallied by client;
 //! - [`binaries`]: where the built binaries live, and building them;
 //! - [`pki`]: the cluster's certificates and service-account keys;
 //! - [`chart`]: rendering the chart and refusing any object that would make the
@@ -15,6 +16,7 @@
 //! `url:`; no component reads in-cluster configuration (the child processes
 //! run without `KUBERNETES_SERVICE_HOST`/`PORT`).
 
+pub mod audit;
 pub mod binaries;
 pub mod chart;
 pub mod control_plane;
