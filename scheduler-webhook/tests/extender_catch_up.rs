@@ -636,11 +636,53 @@ async fn a_bind_behind_a_live_holder_times_out_naming_node_and_holder_and_writes
         s.node["metadata"]["annotations"][keys::NODE_LOCK],
         lock_before
     );
+    // A lock this young is waited on, its holder's pod never read.
+    assert!(
+        !s.log.iter().any(|r| r == HOLDER_READ),
+        "the young lock's holder was not read: {:?}",
+        s.log
+    );
     drop(s);
     assert!(
         handle.decision("a").await.unwrap().is_none(),
         "the reservation was released"
     );
+}
+
+/// What reading the holder's pod looks like in the API's log.
+const HOLDER_READ: &str = "GET /api/v1/namespaces/ns/pods/holder";
+
+/// A holder whose pod was deleted while it held a young lock never
+/// releases it: once the lock is old enough to read its holder
+/// (`HOLDER_READ_AGE_SECS`, by the wall clock the lock's timestamp is in),
+/// the bind finds the pod gone and takes the lock.
+#[tokio::test]
+async fn a_young_lock_of_a_deleted_holder_is_taken_once_old_enough_to_read_its_holder() {
+    use scheduler_webhook::extender::bind::bind_within;
+    let handle = filtered_to_n1("a").await;
+    let state = api_with_holder(0, 0, Some("n1"));
+    state.lock().await.pods.remove("ns/holder");
+    bind_within(
+        &api::client(&state),
+        &handle,
+        &binding("a", "n1"),
+        std::time::Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+    let s = state.lock().await;
+    let read = s
+        .log
+        .iter()
+        .position(|r| r == HOLDER_READ)
+        .expect("the holder was read");
+    let lock = s
+        .log
+        .iter()
+        .position(|r| r == "PATCH /api/v1/nodes/n1")
+        .expect("the lock was taken");
+    assert!(read < lock, "read before the lock was taken: {:?}", s.log);
+    assert_eq!(s.pods["ns/a"]["spec"]["nodeName"], "n1");
 }
 
 /// A holder that was never bound (its binder stopped between the
@@ -701,6 +743,11 @@ async fn a_bound_holder_keeps_the_node_until_the_lock_expires() {
     assert_eq!(
         s.pods["ns/holder"]["metadata"]["annotations"][keys::BIND_PHASE],
         "allocating"
+    );
+    assert!(
+        s.log.iter().any(|r| r == HOLDER_READ),
+        "an old lock's holder is read: {:?}",
+        s.log
     );
 }
 

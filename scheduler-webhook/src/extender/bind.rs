@@ -28,6 +28,19 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(20);
 /// Node again when the node watch reports no change of the lock.
 pub const LOCK_POLL_CAP: Duration = Duration::from_secs(2);
 
+/// A lock younger than this (by its own second-resolution timestamp) is
+/// waited on without reading its holder's pod: its Allocate is most likely
+/// under way, and the node watch wakes the wait when the node-daemon
+/// releases it. From this age on, a round reads the holder to find one
+/// that is gone, finished or stuck; a holder found waiting is read again
+/// only after [`LOCK_POLL_CAP`] (its judgement changes with its pod, which
+/// the node watch does not show, or at ages of a minute and more). Reading
+/// it on every round of a 50 ms back-off was most of the API requests at
+/// 100 nodes (docs/benchmarks.md, "API requests by client"); the cost is
+/// that a holder deleted while it held the lock is found up to about
+/// `HOLDER_READ_AGE_SECS` + [`LOCK_POLL_CAP`] later.
+pub const HOLDER_READ_AGE_SECS: i64 = 2;
+
 /// What a bind may spend beyond its lock wait before it creates
 /// `pods/binding`; past that it rolls back instead, so the binding never
 /// lands after kube-scheduler gave up on the bind (its extender timeout,
@@ -381,6 +394,10 @@ async fn acquire_lock(
     // Who kept us out on the last round, for the refusal's message.
     let mut holder = String::new();
     loop {
+        // Whether the lock's holder is to be waited on until it releases
+        // the lock (the node watch says when) or the poll cap passes: a
+        // young lock, or a holder judged waiting.
+        let mut held = false;
         let node = nodes
             .get(&args.node)
             .await
@@ -406,6 +423,11 @@ async fn acquire_lock(
                 "a lock that names no pod".clone_into(&mut holder);
                 false
             }
+            LockState::HeldBy { owner, age_secs } if age_secs < HOLDER_READ_AGE_SECS => {
+                holder = format!("{}/{}", owner.namespace, owner.pod);
+                held = true;
+                false
+            }
             LockState::HeldBy { owner, age_secs } => {
                 let owner_pods: Api<Pod> = Api::namespaced(client.clone(), &owner.namespace);
                 let pod =
@@ -420,6 +442,7 @@ async fn acquire_lock(
                 match (judge_holder(pod.as_ref(), &args.node, age_secs, now), pod) {
                     (Holder::Waiting, _) => {
                         holder = who;
+                        held = true;
                         false
                     }
                     (Holder::Done(why), _) => {
@@ -473,14 +496,18 @@ async fn acquire_lock(
             });
         }
         // Waiting on another pod's Allocate: its node-daemon releases the
-        // lock, which the node watch reports; a holder judged by its pod
-        // (gone, finished, stuck) is looked at again after the back-off.
-        let nap = pause.min(lock_wait.saturating_sub(waited));
+        // lock, which the node watch reports; the holder is looked at
+        // again after the poll cap. Other refusals (a lock naming no pod,
+        // another bind first) are read again after the back-off.
+        let nap = if held { LOCK_POLL_CAP } else { pause };
+        let nap = nap.min(lock_wait.saturating_sub(waited));
         if let Ok(Err(_closed)) = tokio::time::timeout(nap, lock_seen.changed()).await {
             // The node was deleted from the model: the next read says so.
             sleep(nap).await;
         }
-        pause = (pause * 2).min(LOCK_POLL_CAP);
+        if !held {
+            pause = (pause * 2).min(LOCK_POLL_CAP);
+        }
     }
 }
 
