@@ -753,9 +753,9 @@ impl PodBook {
     }
 
     /// The nodes a bind is in flight to (a pod filtered or bound there
-    /// whose annotations the watch has not shown yet).
-    pub fn nodes_with_binds_in_flight(&self) -> impl Iterator<Item = &str> {
-        self.in_flight.keys().map(String::as_str)
+    /// whose annotations the watch has not shown yet), with how many.
+    pub fn binds_in_flight(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.in_flight.iter().map(|(node, &n)| (node.as_str(), n))
     }
 
     /// Marks the node the pod holds slices on (its usage is about to change).

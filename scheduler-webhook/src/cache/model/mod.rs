@@ -603,35 +603,55 @@ impl ClusterModel {
             .unwrap_or(self.config.scheduler.node_policy)
             .uses_fgd_index();
         // A node admits one bind at a time (the node lock, held from bind
-        // to Allocate): while others fit, a node with a bind in flight is
-        // not chosen, so a burst spreads instead of queueing on one lock.
-        // Looked up from the few busy nodes, not per candidate: the filter
-        // scans thousands of candidates.
-        let busy: HashSet<NodeId> = self
+        // to Allocate), so the binds sent to one node queue behind each
+        // other. While others fit, a node with binds queued is not chosen,
+        // and when every fitting node has some, one of those with the
+        // fewest is: a burst spreads over the nodes' locks instead of
+        // queueing on the one node the policy likes best (whose queue
+        // would outlast the binds' lock wait). Looked up from the few busy
+        // nodes, not per candidate: the filter scans thousands of
+        // candidates.
+        let mut queued: HashMap<NodeId, u32> = HashMap::new();
+        let busy = self
             .locked
             .iter()
-            .map(String::as_str)
-            .chain(self.pods.nodes_with_binds_in_flight())
-            .filter_map(|name| self.cluster.node_id(name))
-            .collect();
+            .map(|name| (name.as_str(), 1))
+            .chain(self.pods.binds_in_flight());
+        for (name, binds) in busy {
+            if let Some(id) = self.cluster.node_id(name) {
+                *queued.entry(id).or_default() += binds;
+            }
+        }
         let mut idle_decision = None;
-        if !busy.is_empty() {
-            let idle: Vec<NodeId> = ids
-                .iter()
-                .copied()
-                .filter(|id| !busy.contains(id))
-                .collect();
-            if !idle.is_empty() && idle.len() < ids.len() {
+        if !queued.is_empty() {
+            let least_queued = |most: u32| -> Vec<NodeId> {
+                ids.iter()
+                    .copied()
+                    .filter(|id| queued.get(id).is_none_or(|&q| q <= most))
+                    .collect()
+            };
+            // The idle nodes, then also those with the fewest binds queued.
+            let fewest = ids.iter().filter_map(|id| queued.get(id)).min().copied();
+            let mut tried = 0;
+            for most in [Some(0), fewest].into_iter().flatten() {
+                let level = least_queued(most);
+                if level.len() <= tried || level.len() == ids.len() {
+                    continue;
+                }
+                tried = level.len();
                 let index = fgd.then(|| self.pods.fgd_index(&self.cluster));
                 idle_decision = schedule(
                     &self.cluster,
                     &request,
-                    idle,
+                    level,
                     &self.config.scheduler,
                     index,
                     &mut self.rng,
                 )
                 .ok();
+                if idle_decision.is_some() {
+                    break;
+                }
             }
         }
         let result = match idle_decision {

@@ -1170,6 +1170,41 @@ fn an_allocated_pod_holds_the_placement_its_mig_annotation_names() {
     model.check().unwrap();
 }
 
+/// When every fitting node has binds queued, binpack's fullest node is not
+/// piled onto: the pod goes to one of the nodes with the fewest, so a
+/// burst larger than the cluster's node count takes turns over all the
+/// nodes' locks (at 100 nodes on the real API server, piling onto one node
+/// made its binds outlast their lock wait).
+#[test]
+fn when_every_node_has_binds_queued_the_least_queued_is_chosen() {
+    let mut model = ClusterModel::new(config());
+    for n in ["n1", "n2", "n3"] {
+        model.apply_node(&kube_node(n, 1, 10_000)).unwrap();
+    }
+    let all = names(&["n1", "n2", "n3"]);
+    // One pod reserved on each node: every node has one bind queued.
+    let mut per_node: BTreeMap<String, u32> = BTreeMap::new();
+    for i in 0..3 {
+        let placed = model.filter(&slice_pod(&format!("a{i}"), 100, 1), &all);
+        *per_node.entry(placed_on(&placed).to_owned()).or_default() += 1;
+    }
+    assert_eq!(
+        per_node.values().copied().collect::<Vec<_>>(),
+        vec![1, 1, 1]
+    );
+    // Six more: binpack alone would put all six on the fullest node; with
+    // the queues counted they take turns, two per node.
+    for i in 0..6 {
+        let placed = model.filter(&slice_pod(&format!("b{i}"), 100, 1), &all);
+        *per_node.entry(placed_on(&placed).to_owned()).or_default() += 1;
+    }
+    assert_eq!(
+        per_node.values().copied().collect::<Vec<_>>(),
+        vec![3, 3, 3]
+    );
+    model.check().unwrap();
+}
+
 #[test]
 fn a_node_with_a_bind_in_flight_is_chosen_only_when_no_other_fits() {
     // binpack (the default): the fullest node wins, so a burst would queue
