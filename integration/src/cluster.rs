@@ -1121,7 +1121,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let last = match plane.scheduler_metrics(0).await {
-                Ok(page) => match crate::scheduler_bench::gauge(&page, SERIES) {
+                Ok(page) => match crate::prometheus::gauge(&page, SERIES) {
                     #[allow(clippy::cast_precision_loss)]
                     Some(nodes) if nodes >= want as f64 => return Ok(()),
                     Some(nodes) => format!("{SERIES} is {nodes}"),

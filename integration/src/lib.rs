@@ -10,6 +10,7 @@ pub mod fake_apiserver;
 pub mod fake_kubelet;
 pub mod fake_scheduler;
 pub mod harness;
+pub mod prometheus;
 pub mod real;
 pub mod sandbox;
 pub mod scheduler_bench;
