@@ -685,6 +685,28 @@ async fn a_young_lock_of_a_deleted_holder_is_taken_once_old_enough_to_read_its_h
     assert_eq!(s.pods["ns/a"]["spec"]["nodeName"], "n1");
 }
 
+/// A lock dated ahead of this clock (another scheduler's clock skew) is not
+/// "young": its holder is read at once, and a gone holder's lock is taken
+/// without waiting.
+#[tokio::test]
+async fn a_future_dated_lock_of_a_deleted_holder_is_taken_at_once() {
+    use scheduler_webhook::extender::bind::bind_within;
+    let handle = filtered_to_n1("a").await;
+    let state = api_with_holder(-60, -60, Some("n1"));
+    state.lock().await.pods.remove("ns/holder");
+    bind_within(
+        &api::client(&state),
+        &handle,
+        &binding("a", "n1"),
+        std::time::Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    let s = state.lock().await;
+    assert!(s.log.iter().any(|r| r == HOLDER_READ), "{:?}", s.log);
+    assert_eq!(s.pods["ns/a"]["spec"]["nodeName"], "n1");
+}
+
 /// A holder that was never bound (its binder stopped between the
 /// annotations and `pods/binding`) is marked abandoned once the grace since
 /// its bind has passed — `bind-phase=failed` and the node named, guarded by

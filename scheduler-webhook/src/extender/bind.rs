@@ -28,8 +28,9 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(20);
 /// Node again when the node watch reports no change of the lock.
 pub const LOCK_POLL_CAP: Duration = Duration::from_secs(2);
 
-/// A lock younger than this (by its own second-resolution timestamp) is
-/// waited on without reading its holder's pod: its Allocate is most likely
+/// A lock younger than this (by its own second-resolution timestamp, and
+/// not dated ahead of this clock) is waited on without reading its
+/// holder's pod: its Allocate is most likely
 /// under way, and the node watch wakes the wait when the node-daemon
 /// releases it. From this age on, a round reads the holder to find one
 /// that is gone, finished or stuck; a holder found waiting is read again
@@ -423,7 +424,11 @@ async fn acquire_lock(
                 "a lock that names no pod".clone_into(&mut holder);
                 false
             }
-            LockState::HeldBy { owner, age_secs } if age_secs < HOLDER_READ_AGE_SECS => {
+            // A lock dated ahead of our clock (another scheduler's skew)
+            // is judged by its pod at once, as before: its age says nothing.
+            LockState::HeldBy { owner, age_secs }
+                if (0..HOLDER_READ_AGE_SECS).contains(&age_secs) =>
+            {
                 holder = format!("{}/{}", owner.namespace, owner.pod);
                 held = true;
                 false
