@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Container, Node as KubeNode, Pod, PodSpec, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use proto::hami::handshake::Handshake;
 use proto::hami::keys;
@@ -17,9 +17,11 @@ use proto::hami::mig::{MigAllocation, decode_allocations};
 use proto::hami::pod_devices::PodDevices;
 use proto::hami::resources::ResourceNames;
 
+use crate::core::model::NodeCapacity;
 use crate::core::quota::QuotaLimits;
 use crate::core::request::{ContainerLite, PodSpecLite};
-use crate::quantity::{QuantityError, parse_whole};
+use crate::core::reservation::HostResources;
+use crate::quantity::{QuantityError, parse_mib, parse_milli, parse_whole};
 
 /// The allocation a pod's annotations record (`hami.io/vgpu-node` and
 /// `hami.io/vgpu-devices-allocated`).
@@ -88,13 +90,95 @@ pub fn pod_lite(pod: &Pod) -> Result<PodSpecLite, String> {
     let containers = |list: &[Container]| -> Result<Vec<ContainerLite>, String> {
         list.iter().map(container_lite).collect()
     };
+    let host = host_requests(spec)?;
     Ok(PodSpecLite {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         annotations: pod.metadata.annotations.clone().unwrap_or_default(),
         init_containers: containers(spec.init_containers.as_deref().unwrap_or(&[]))?,
         containers: containers(&spec.containers)?,
-        cpu_milli: 0,
-        memory_mib: 0,
+        cpu_milli: host.cpu_milli,
+        memory_mib: host.memory_mib,
+    })
+}
+
+/// The CPU and memory a pod asks of its node, as kube-scheduler's
+/// `NodeResourcesFit` counts them (`resourcehelper.PodRequests`): the app
+/// containers' requests summed, sidecars (init containers with
+/// `restartPolicy: Always`) added to them, against the largest init
+/// container (plus the sidecars started before it), whichever is larger;
+/// pod-level `spec.resources.requests` instead, for a resource it names;
+/// then `spec.overhead`. A container's request absent counts 0 (the API
+/// server defaults it from the limit at creation).
+///
+/// # Errors
+/// A CPU or memory quantity that does not parse, naming where it is.
+pub fn host_requests(spec: &PodSpec) -> Result<HostResources, String> {
+    let read = |map: Option<&BTreeMap<String, Quantity>>, whose: &str, who: &str| {
+        let get = |name: &str, parse: fn(&str) -> Result<i64, QuantityError>| {
+            map.and_then(|m| m.get(name)).map_or(Ok(0), |q| {
+                parse(&q.0)
+                    .map(i64::unsigned_abs)
+                    .map_err(|e| format!("{whose}{who} resource {name}: {e}"))
+            })
+        };
+        Ok::<_, String>(HostResources {
+            cpu_milli: get("cpu", parse_milli)?,
+            memory_mib: get("memory", parse_mib)?,
+        })
+    };
+    let requests = |c: &Container| {
+        read(
+            c.resources.as_ref().and_then(|r| r.requests.as_ref()),
+            "container ",
+            &c.name,
+        )
+    };
+    let plus = |a: HostResources, b: HostResources| HostResources {
+        cpu_milli: a.cpu_milli.saturating_add(b.cpu_milli),
+        memory_mib: a.memory_mib.saturating_add(b.memory_mib),
+    };
+    let max = |a: HostResources, b: HostResources| HostResources {
+        cpu_milli: a.cpu_milli.max(b.cpu_milli),
+        memory_mib: a.memory_mib.max(b.memory_mib),
+    };
+    let mut total = HostResources::default();
+    for c in &spec.containers {
+        total = plus(total, requests(c)?);
+    }
+    let (mut sidecars, mut init_peak) = (HostResources::default(), HostResources::default());
+    for c in spec.init_containers.iter().flatten() {
+        let own = requests(c)?;
+        if c.restart_policy.as_deref() == Some("Always") {
+            total = plus(total, own);
+            sidecars = plus(sidecars, own);
+            init_peak = max(init_peak, sidecars);
+        } else {
+            init_peak = max(init_peak, plus(own, sidecars));
+        }
+    }
+    let mut pod = max(total, init_peak);
+    if let Some(level) = spec.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+        let named = read(Some(level), "pod", "")?;
+        if level.contains_key("cpu") {
+            pod.cpu_milli = named.cpu_milli;
+        }
+        if level.contains_key("memory") {
+            pod.memory_mib = named.memory_mib;
+        }
+    }
+    Ok(plus(pod, read(spec.overhead.as_ref(), "pod overhead", "")?))
+}
+
+/// A node's allocatable CPU and memory, when both are given and parse
+/// (else the scheduler does not track the node's CPU and memory).
+#[must_use]
+pub fn host_capacity(node: &KubeNode) -> Option<NodeCapacity> {
+    let allocatable = node.status.as_ref()?.allocatable.as_ref()?;
+    let cpu = parse_milli(&allocatable.get("cpu")?.0).ok()?;
+    let memory = parse_mib(&allocatable.get("memory")?.0).ok()?;
+    Some(NodeCapacity {
+        cpu_milli: cpu.unsigned_abs(),
+        memory_mib: memory.unsigned_abs(),
     })
 }
 
@@ -301,4 +385,76 @@ pub fn quota_limits(
         cores: read(&names.resource_cores),
     };
     Some((limits, bad))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> PodSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn host_requests_count_sidecars_init_peaks_pod_level_and_overhead() {
+        // Apps 500m + 250m, a sidecar 100m running beside them: 850m; the
+        // init container started after the sidecar peaks at 2 + 0.1 cores.
+        let s = spec(json!({
+            "initContainers": [
+                {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}},
+                {"name": "init", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}],
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}},
+                {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "overhead": {"cpu": "10m", "memory": "1Mi"}}));
+        assert_eq!(
+            host_requests(&s),
+            Ok(HostResources {
+                cpu_milli: 2110,
+                memory_mib: 1025
+            })
+        );
+        let level = spec(json!({
+            "resources": {"requests": {"cpu": "3"}},
+            "containers": [{"name": "a", "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}]}));
+        assert_eq!(
+            host_requests(&level),
+            Ok(HostResources {
+                cpu_milli: 3000,
+                memory_mib: 64
+            })
+        );
+    }
+
+    #[test]
+    fn an_unreadable_cpu_request_names_its_container() {
+        let s = spec(
+            json!({"containers": [{"name": "a", "resources": {"requests": {"cpu": "lots"}}}]}),
+        );
+        let err = host_requests(&s).unwrap_err();
+        assert!(err.starts_with("container a resource cpu: `lots`"), "{err}");
+    }
+
+    #[test]
+    fn host_capacity_needs_both_cpu_and_memory() {
+        let node = |alloc: serde_json::Value| -> KubeNode {
+            serde_json::from_value(
+                json!({"metadata": {"name": "n"}, "status": {"allocatable": alloc}}),
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            host_capacity(&node(json!({"cpu": "7910m", "memory": "32Gi"}))),
+            Some(NodeCapacity {
+                cpu_milli: 7910,
+                memory_mib: 32 << 10
+            })
+        );
+        assert_eq!(host_capacity(&node(json!({"cpu": "8"}))), None);
+        assert_eq!(
+            host_capacity(&node(json!({"cpu": "x", "memory": "1Gi"}))),
+            None
+        );
+    }
 }

@@ -19,12 +19,36 @@ pub struct QuantityError {
 
 /// Parses a quantity into an integer, rounding a fraction up as
 /// Kubernetes' `Value()` does (`500m` → 1). Accepts decimal suffixes
-/// `k M G T P E`, binary suffixes `Ki Mi Gi Ti Pi Ei`, `m` (milli), and a
-/// plain decimal exponent (`3e3`).
+/// `k M G T P E`, binary suffixes `Ki Mi Gi Ti Pi Ei`, `n u m` (nano,
+/// micro, milli), and a plain decimal exponent (`3e3`).
 ///
 /// # Errors
 /// A [`QuantityError`] for anything else, negative values, or overflow.
 pub fn parse_whole(text: &str) -> Result<i64, QuantityError> {
+    parse_scaled(text, 1, 1)
+}
+
+/// Parses a quantity in thousandths, rounding a finer fraction up as
+/// Kubernetes' `MilliValue()` does: CPU in milli-cores (`500m` → 500,
+/// `2` → 2000, `0.1` → 100, `100u` → 1).
+///
+/// # Errors
+/// As [`parse_whole`].
+pub fn parse_milli(text: &str) -> Result<i64, QuantityError> {
+    parse_scaled(text, 1000, 1)
+}
+
+/// Parses a byte quantity in MiB, rounding a partial MiB up (`1Gi` → 1024,
+/// `128974848` → 123, `1k` → 1).
+///
+/// # Errors
+/// As [`parse_whole`].
+pub fn parse_mib(text: &str) -> Result<i64, QuantityError> {
+    parse_scaled(text, 1, 1 << 20)
+}
+
+/// The quantity × `mul` ÷ `div`, a fraction rounded up.
+fn parse_scaled(text: &str, mul: i128, div: i128) -> Result<i64, QuantityError> {
     let err = |why| QuantityError {
         value: text.to_owned(),
         why,
@@ -55,6 +79,8 @@ pub fn parse_whole(text: &str) -> Result<i64, QuantityError> {
     // value = mantissa / 10^frac_digits * multiplier, with multiplier = num / den.
     let (num, den): (i128, i128) = match suffix {
         "" => (1, 1),
+        "n" => (1, 1_000_000_000),
+        "u" => (1, 1_000_000),
         "m" => (1, 1000),
         "k" => (1_000, 1),
         "M" => (1_000_000, 1),
@@ -69,11 +95,18 @@ pub fn parse_whole(text: &str) -> Result<i64, QuantityError> {
         "Pi" => (1 << 50, 1),
         "Ei" => (1 << 60, 1),
         s if s.starts_with(['e', 'E']) => {
-            let exp: u32 = s[1..].parse().map_err(|_| err("bad exponent"))?;
+            let exp: i32 = s[1..].parse().map_err(|_| err("bad exponent"))?;
             if exp > 18 {
                 return Err(err("too large"));
             }
-            (10_i128.pow(exp), 1)
+            if exp < -18 {
+                return Err(err("too small"));
+            }
+            if exp >= 0 {
+                (10_i128.pow(exp.unsigned_abs()), 1)
+            } else {
+                (1, 10_i128.pow(exp.unsigned_abs()))
+            }
         }
         _ => return Err(err("unknown suffix")),
     };
@@ -83,8 +116,11 @@ pub fn parse_whole(text: &str) -> Result<i64, QuantityError> {
     let digits = format!("{int_part}{frac_part}");
     let mantissa: i128 = digits.parse().map_err(|_| err("not a number"))?;
     let scale = 10_i128.pow(u32::try_from(frac_part.len()).map_err(|_| err("too many digits"))?);
-    let numerator = mantissa.checked_mul(num).ok_or_else(|| err("too large"))?;
-    let denominator = scale * den;
+    let numerator = mantissa
+        .checked_mul(num)
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| err("too large"))?;
+    let denominator = scale * den * div;
     let value = (numerator + denominator - 1) / denominator;
     i64::try_from(value).map_err(|_| err("too large"))
 }
@@ -109,6 +145,38 @@ mod tests {
         ] {
             assert_eq!(parse_whole(text), Ok(want), "{text}");
         }
+    }
+
+    #[test]
+    fn milli_values_and_mib() {
+        for (text, want) in [
+            ("500m", 500),
+            ("2", 2000),
+            ("0.1", 100),
+            ("1.0005", 1001),
+            ("1k", 1_000_000),
+            ("100u", 1),
+            ("1500000n", 2),
+            ("1e-3", 1),
+            ("25e-1", 2500),
+        ] {
+            assert_eq!(parse_milli(text), Ok(want), "{text}");
+        }
+        for (text, want) in [
+            ("1Gi", 1024),
+            ("128974848", 123),
+            ("1k", 1),
+            ("0", 0),
+            ("512Mi", 512),
+        ] {
+            assert_eq!(parse_mib(text), Ok(want), "{text}");
+        }
+        assert!(parse_milli("-1").is_err());
+        assert!(
+            parse_mib("9Ei").is_ok(),
+            "9 EiB is 9 × 2^40 MiB, within i64"
+        );
+        assert!(parse_milli("9E").is_err(), "9e21 milli overflows i64");
     }
 
     #[test]

@@ -374,6 +374,23 @@ impl Cluster {
         self.nodes.get_mut(id)
     }
 
+    /// Sets the CPU (milli-cores) and memory (MiB) the pods on node `id`
+    /// take, where something other than the ledger counts them (the
+    /// extender: every pod on the node, GPU or not, see
+    /// `cache::hosts`). A node whose use does not change keeps its
+    /// generation. Returns whether it changed.
+    pub fn set_host_used(&mut self, id: NodeId, cpu_milli: u64, memory_mib: u64) -> bool {
+        match self.nodes.get(id) {
+            Some(n) if (n.used_cpu_milli, n.used_memory_mib) != (cpu_milli, memory_mib) => {}
+            _ => return false,
+        }
+        if let Some(n) = self.node_mut(id) {
+            n.used_cpu_milli = cpu_milli;
+            n.used_memory_mib = memory_mib;
+        }
+        true
+    }
+
     /// Total number of GPUs.
     #[must_use]
     pub fn gpu_count(&self) -> usize {

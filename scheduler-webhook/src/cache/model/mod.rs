@@ -11,6 +11,11 @@
 //! `fgd` workload together; this module reads Kubernetes objects, keeps
 //! the nodes' registrations and asks [`schedule`]. Which GPU nodes the
 //! handshake lets it offer, as time passes, is the `health` submodule's.
+//! The CPU and memory of every pod on a node, GPU or not, are summed in
+//! the [`HostBook`] ([`super::hosts`]) and copied into the core node, whose
+//! capacity is the Node's allocatable CPU and memory: the `fgd` and
+//! `fgdpack` scores weigh them as in the simulator, and the fit checks
+//! them as kube-scheduler already did before it asked.
 //!
 //! [`ClusterModel::dry_run`] answers a simulation (Cluster Autoscaler's
 //! `/filter` with `Nodes`) from the Node objects it is given, reading the
@@ -24,11 +29,12 @@ use proto::hami::{pair_score, register};
 
 use self::health::Health;
 pub use self::overview::{FragmentationSnapshot, PendingPod};
+use super::hosts::HostBook;
 use super::pods::PodBook;
 pub use super::pods::{Decided, SliceSnapshot};
 use crate::convert::{
-    BadQuota, GpuOffer, NodeAnnotations, NodeHandshake, allocation_of, is_finished,
-    node_annotations, pod_lite, quota_limits,
+    BadQuota, GpuOffer, NodeAnnotations, NodeHandshake, allocation_of, host_capacity,
+    host_requests, is_finished, node_annotations, pod_lite, quota_limits,
 };
 use crate::core::fgd::{Shape, ShapeDistribution};
 use crate::core::model::{Cluster, GpuUse, Node, NodeId};
@@ -155,6 +161,8 @@ pub struct ClusterModel {
     locked: HashSet<String>,
     /// Every pod known, with the quota use and the `fgd` workload.
     pods: PodBook,
+    /// The CPU and memory of every pod on a node, summed per node.
+    hosts: HostBook,
     /// The pod book's filter count when the current pod relist started.
     pod_relist_mark: u64,
     /// The previous filter's candidate names and their node ids.
@@ -221,6 +229,7 @@ impl ClusterModel {
             cluster: Cluster::new(Vec::new()),
             rng: SplitMix64::new(config.seed),
             pods: PodBook::new(config.requests.memory_factor),
+            hosts: HostBook::new(),
             config,
             annotations: HashMap::new(),
             handshakes: BTreeMap::new(),
@@ -256,6 +265,7 @@ impl ClusterModel {
             pair_scores,
             handshake,
         } = node_annotations(node, &self.config.requests.names.resource_name);
+        let capacity = host_capacity(node);
         let locked = node
             .metadata
             .annotations
@@ -292,15 +302,18 @@ impl ClusterModel {
             let mut fresh = Node::from_register(name, &devices);
             fresh.set_cordoned(&cordoned);
             fresh.set_pair_scores(&scores);
+            fresh.capacity = capacity;
             let id = self.cluster.upsert_node(fresh);
             self.pods.node_changed(id);
             self.annotations.insert(name.to_owned(), seen);
+            self.sync_host(name);
             self.pods.node_registered(&mut self.cluster, name);
         } else if let Some(id) = self.cluster.node_id(name)
             && let Some(existing) = self.cluster.node(id)
         {
             let mut updated = existing.clone();
             updated.set_cordoned(&cordoned);
+            updated.capacity = capacity;
             if updated != *existing {
                 self.cluster.upsert_node(updated);
                 self.pods.node_changed(id);
@@ -341,7 +354,10 @@ impl ClusterModel {
 
     /// Applies a pod from the watch: a live pod carrying an allocation
     /// (`hami.io/vgpu-node` + `vgpu-devices-allocated`) holds it; a finished
-    /// pod releases whatever it held at once.
+    /// pod releases whatever it held at once. A live pod on a node
+    /// (`spec.nodeName`), GPU or not, takes its CPU and memory requests of
+    /// it (none, if they do not read: kube-scheduler would not have placed
+    /// it, and the API server refuses such quantities).
     pub fn apply_pod(&mut self, pod: &Pod) {
         let Some(uid) = pod.metadata.uid.as_deref() else {
             return;
@@ -349,6 +365,20 @@ impl ClusterModel {
         if is_finished(pod) {
             self.delete_pod(uid);
             return;
+        }
+        let spec = pod.spec.as_ref();
+        if let Some((node, spec)) = spec.and_then(|s| {
+            s.node_name
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .zip(Some(s))
+        }) {
+            let moved = self
+                .hosts
+                .assign(uid, node, host_requests(spec).unwrap_or_default());
+            for name in moved {
+                self.sync_host(&name);
+            }
         }
         if let Some(allocation) = allocation_of(pod) {
             let requests = &self.config.requests;
@@ -368,6 +398,23 @@ impl ClusterModel {
     /// its shape.
     pub fn delete_pod(&mut self, uid: &str) {
         self.pods.remove(&mut self.cluster, uid);
+        for name in self.hosts.remove(uid) {
+            self.sync_host(&name);
+        }
+    }
+
+    /// Copies what the host book sums for `name` into the core node; a
+    /// change invalidates the node's fragmentation.
+    fn sync_host(&mut self, name: &str) {
+        if let Some(id) = self.cluster.node_id(name) {
+            let used = self.hosts.used(name);
+            if self
+                .cluster
+                .set_host_used(id, used.cpu_milli, used.memory_mib)
+            {
+                self.pods.node_changed(id);
+            }
+        }
     }
 
     /// Every pod known, with the quota use and the `fgd` workload.
@@ -382,7 +429,18 @@ impl ClusterModel {
     /// # Errors
     /// The first disagreement found.
     pub fn check(&self) -> Result<(), String> {
-        self.pods.check(&self.cluster)
+        self.pods.check(&self.cluster)?;
+        self.hosts.check()?;
+        for node in self.cluster.nodes() {
+            let used = self.hosts.used(&node.name);
+            if (node.used_cpu_milli, node.used_memory_mib) != (used.cpu_milli, used.memory_mib) {
+                return Err(format!(
+                    "node {} uses {} milli-CPU and {} MiB, its pods {used:?}",
+                    node.name, node.used_cpu_milli, node.used_memory_mib
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The workload `fgd` places for: the shapes of the GPU pods in the
@@ -473,6 +531,7 @@ impl ClusterModel {
             .pods
             .allocated_pods()
             .chain(self.pods.filtered_by(self.pod_relist_mark))
+            .chain(self.hosts.uids())
             .filter(|u| !seen.contains(*u))
             .map(str::to_owned)
             .collect();

@@ -1274,3 +1274,124 @@ fn a_node_with_a_bind_in_flight_is_chosen_only_when_no_other_fits() {
     model.apply_node(&kube_node("n2", 1, 1000)).unwrap();
     assert!(model.locked.is_empty());
 }
+
+/// A GPU node with 16 cores and 64 GiB allocatable.
+fn host_node(name: &str, gpus: u32) -> KubeNode {
+    let mut node = kube_node(name, gpus, 1000);
+    node.status = Some(
+        serde_json::from_value(
+            json!({"allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"}}),
+        )
+        .unwrap(),
+    );
+    node
+}
+
+/// `pod` on `node` (`spec.nodeName`), asking `cpu` of it.
+fn on_node_asking(mut pod: Pod, node: &str, cpu: &str) -> Pod {
+    let spec = pod.spec.as_mut().unwrap();
+    if !node.is_empty() {
+        spec.node_name = Some(node.to_owned());
+    }
+    spec.containers[0]
+        .resources
+        .get_or_insert_with(Default::default)
+        .requests
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            "cpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu.into()),
+        );
+    pod
+}
+
+fn cpu_only_pod(uid: &str) -> Pod {
+    serde_json::from_value(
+        json!({"metadata": {"uid": uid, "namespace": "ns", "name": uid}, "spec": {"containers": [{"name": "c"}]}}),
+    )
+    .unwrap()
+}
+
+fn free_cpu(model: &ClusterModel, node: &str) -> Option<u64> {
+    let id = model.cluster().node_id(node)?;
+    model
+        .cluster()
+        .node(id)?
+        .free_cpu_memory()
+        .map(|(cpu, _)| cpu)
+}
+
+/// The extender counts the CPU of every pod on a node, GPU or not, against
+/// the node's allocatable: `fgdpack` then keeps a CPU-heavy GPU pod off the
+/// node whose CPU is nearly gone, though that node is fuller in GPUs (which
+/// is where it went while the extender saw no CPU).
+#[test]
+fn fgdpack_in_serve_weighs_the_cpu_every_pod_takes_of_its_node() {
+    let mut cfg = config();
+    cfg.scheduler.node_policy = Policy::FgdPack;
+    let mut model = ClusterModel::new(cfg);
+    // A pod seen before its node: counted once the node arrives.
+    model.apply_pod(&on_node_asking(cpu_only_pod("batch"), "a", "11"));
+    model.apply_node(&host_node("a", 4)).unwrap();
+    model.apply_node(&host_node("b", 4)).unwrap();
+    model.apply_pod(&on_node_asking(
+        allocated(
+            slice_pod("on-a", 1000, 100),
+            "a",
+            "GPU-a-0,NVIDIA,1000,100:;",
+        ),
+        "a",
+        "1",
+    ));
+    assert_eq!(free_cpu(&model, "a"), Some(4000));
+    assert_eq!(free_cpu(&model, "b"), Some(16_000));
+    model.check().unwrap();
+
+    let heavy = on_node_asking(slice_pod("heavy", 1000, 100), "", "4");
+    assert_eq!(placed_on(&model.filter(&heavy, &names(&["a", "b"]))), "b");
+
+    // Once the batch pod finishes, a has the CPU again and, fuller in GPUs,
+    // wins the next such pod.
+    let mut done = on_node_asking(cpu_only_pod("batch"), "a", "11");
+    done.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+    model.apply_pod(&done);
+    assert_eq!(free_cpu(&model, "a"), Some(15_000));
+    let next = on_node_asking(slice_pod("next", 1000, 100), "", "4");
+    assert_eq!(placed_on(&model.filter(&next, &names(&["a", "b"]))), "a");
+    model.check().unwrap();
+}
+
+/// A GPU pod asking more CPU than a node has free does not fit there, and
+/// says why; a deleted pod gives its CPU back, and a node's allocatable
+/// change is seen.
+#[test]
+fn a_gpu_pod_needs_the_nodes_free_cpu_and_a_deleted_pod_frees_it() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&host_node("a", 1)).unwrap();
+    model.apply_pod(&on_node_asking(cpu_only_pod("web"), "a", "15"));
+    let big = on_node_asking(slice_pod("big", 500, 50), "", "2");
+    let FilterOutcome::NoFit { failed } = model.filter(&big, &names(&["a"])) else {
+        panic!("expected no fit");
+    };
+    assert_eq!(failed["a"], "Insufficient cpu", "kube-scheduler's words");
+    model.delete_pod("web");
+    assert_eq!(free_cpu(&model, "a"), Some(16_000));
+    assert_eq!(placed_on(&model.filter(&big, &names(&["a"]))), "a");
+    // Allocatable CPU shrinks to 1 core: the next 2-core pod does not fit.
+    let mut small = host_node("a", 1);
+    small.status = Some(
+        serde_json::from_value(json!({"allocatable": {"cpu": "1", "memory": "64Gi"}})).unwrap(),
+    );
+    model.apply_node(&small).unwrap();
+    let other = on_node_asking(slice_pod("other", 100, 10), "", "2");
+    assert!(matches!(
+        model.filter(&other, &names(&["a"])),
+        FilterOutcome::NoFit { .. }
+    ));
+    // A pod on the node that a relist no longer delivers frees its CPU.
+    model.apply_pod(&on_node_asking(cpu_only_pod("gone"), "a", "500m"));
+    model.pod_relist_started();
+    model.reconcile_pods(&HashSet::new());
+    assert_eq!(free_cpu(&model, "a"), Some(1000));
+    model.check().unwrap();
+}
