@@ -13,7 +13,11 @@
 //!   last few.
 //!
 //! `fgdpack` (FGD with a packing tie break, `core::fgdpack`) is measured at
-//! 5,000 nodes only, with the `fgd` decision cycle.
+//! 5,000 nodes only, with the `fgd` decision cycle; `fgdpack_host` the same
+//! with the nodes' CPU and memory tracked, as the service tracks them
+//! (128 cores, 1 TiB, a random 0–100 % of the CPU and memory in use) and
+//! shapes and pod asking CPU (4, 8 and 16 cores for 300, 500 and 1000
+//! milli-GPU; the pod 4), so the stranded-capacity term is at work.
 //!
 //! Run: `cargo bench -p scheduler-webhook --bench filter`.
 
@@ -22,7 +26,7 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use proto::hami::register::NodeDevice;
 use scheduler_webhook::core::fgd::{FgdIndex, Shape, ShapeDistribution};
-use scheduler_webhook::core::model::{Cluster, GpuUse, Node};
+use scheduler_webhook::core::model::{Cluster, GpuUse, Node, NodeCapacity};
 use scheduler_webhook::core::policy::{Policy, SchedulerConfig, schedule};
 use scheduler_webhook::core::request::{DeviceRequest, MemoryRequest, PodRequest};
 use scheduler_webhook::core::reservation::HostResources;
@@ -66,6 +70,27 @@ fn cluster(nodes: usize, seed: u64) -> Cluster {
         all.push(node);
     }
     Cluster::new(all)
+}
+
+/// `cl` with each node's CPU and memory tracked: 128 cores and 1 TiB, a
+/// random 0–100 % of it in use.
+fn with_host(cl: &Cluster, seed: u64) -> Cluster {
+    let mut rng = SplitMix64::new(seed);
+    let nodes = cl
+        .nodes()
+        .iter()
+        .map(|n| {
+            let mut n = n.clone().with_capacity(NodeCapacity {
+                cpu_milli: 128_000,
+                memory_mib: 1 << 20,
+            });
+            let share = u64::try_from(rng.below(101)).unwrap_or(0);
+            n.used_cpu_milli = 128_000 * share / 100;
+            n.used_memory_mib = (1 << 20) * share / 100;
+            n
+        })
+        .collect();
+    Cluster::new(nodes)
 }
 
 fn pod() -> PodRequest {
@@ -151,6 +176,53 @@ fn filter(c: &mut Criterion) {
                             index.refresh_node(&live, d.node);
                             live.release("bench");
                             index.refresh_node(&live, d.node);
+                        }
+                    }
+                    black_box(placed.is_ok())
+                });
+            });
+            let mut host_dist = ShapeDistribution::default();
+            for (milli, cores, n) in [(300, 4, 5), (500, 8, 3), (1000, 16, 2)] {
+                for _ in 0..n {
+                    host_dist.observe(Shape {
+                        cpu_milli: cores * 1000,
+                        memory_mib: cores * 8192,
+                        gpus: 1,
+                        milli,
+                        types: vec![],
+                    });
+                }
+            }
+            let host_req = PodRequest {
+                cpu_milli: 4000,
+                memory_mib: 32_768,
+                ..pod()
+            };
+            let mut hosted = with_host(&cl, 11);
+            let mut host_index = FgdIndex::new(&host_dist, &hosted);
+            group.bench_with_input(BenchmarkId::new("fgdpack_host", nodes), &nodes, |b, &n| {
+                let mut rng = SplitMix64::new(1);
+                b.iter(|| {
+                    let placed = schedule(
+                        &hosted,
+                        &host_req,
+                        0..n,
+                        &pack,
+                        Some(&mut host_index),
+                        &mut rng,
+                    );
+                    if let Ok(d) = &placed
+                        && let Some(node) = hosted.node(d.node)
+                    {
+                        let devices = d.pod_devices(node);
+                        let host = HostResources {
+                            cpu_milli: host_req.cpu_milli,
+                            memory_mib: host_req.memory_mib,
+                        };
+                        if hosted.reserve("bench", d.node, &devices, 0, host).is_ok() {
+                            host_index.refresh_node(&hosted, d.node);
+                            hosted.release("bench");
+                            host_index.refresh_node(&hosted, d.node);
                         }
                     }
                     black_box(placed.is_ok())

@@ -1,10 +1,11 @@
 //! The cluster as the scheduler sees it: nodes, their GPUs (static facts
 //! from the node register annotation) and the usage of every GPU (slots,
-//! memory, cores), plus the optional CPU/memory capacity the simulator
-//! checks.
+//! memory, cores), plus the optional CPU/memory capacity and use.
 //!
-//! Usage changes only through [`crate::core::reservation`]; this module owns
-//! the data and the read-only views over it.
+//! GPU usage changes only through [`crate::core::reservation`]; so does
+//! CPU/memory use in the simulator, while the extender sets it per node
+//! from every pod it sees there ([`Cluster::set_host_used`]). This module
+//! owns the data and the read-only views over it.
 
 use std::collections::HashMap;
 
@@ -73,8 +74,8 @@ impl proto::accounting::Amount for GpuUse {
     }
 }
 
-/// CPU and memory a node offers to pods (the simulator checks them; the
-/// extender leaves this to kube-scheduler and sets none).
+/// CPU and memory a node offers to pods (the simulator's node list; in the
+/// extender, the Node's allocatable `cpu` and `memory`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeCapacity {
     /// Allocatable CPU in milli-cores.
