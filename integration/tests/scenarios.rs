@@ -854,3 +854,49 @@ async fn twenty_concurrent_pods_on_a_nearly_full_node_never_overcommit() {
     assert!(message.contains("CardInsufficientMemory"), "{message}");
     cluster.shutdown().await;
 }
+
+/// The extender counts the CPU of every pod on a node, GPU pods or not:
+/// with `fgdpack`, a GPU pod asking CPU keeps off the node whose CPU a
+/// batch pod took, though that node holds more GPU slices (where it went
+/// while the extender saw only GPUs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fgdpack_keeps_a_cpu_asking_gpu_pod_off_the_node_whose_cpu_is_taken() {
+    let cluster = start(2, 4).await;
+    // Node 0 holds a slice; then a CPU-only pod takes 60 of its 64 cores.
+    let mut anchor = slice("anchor", 3000, 30);
+    anchor.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([(
+        "kubernetes.io/hostname".to_owned(),
+        "gpu-node-0".to_owned(),
+    )]));
+    let batch: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "batch", "namespace": NS},
+        "spec": {"nodeName": "gpu-node-0", "containers": [{"name": "work", "image": "busybox",
+            "resources": {"requests": {"cpu": "60", "memory": "1Gi"}}}]}
+    }))
+    .unwrap();
+    let first = create_all(&cluster, &[anchor, batch]).await;
+    wait_running(&cluster, &first).await;
+
+    let mut heavy = slice("heavy", 3000, 30);
+    heavy.metadata.annotations = Some(BTreeMap::from([(
+        "hami.io/node-scheduler-policy".to_owned(),
+        "fgdpack".to_owned(),
+    )]));
+    let container = &mut heavy.spec.as_mut().unwrap().containers[0];
+    container.resources.as_mut().unwrap().requests = Some(BTreeMap::from([(
+        "cpu".to_owned(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("4".to_owned()),
+    )]));
+    let names = create_all(&cluster, &[heavy]).await;
+    let pods = wait_running(&cluster, &names).await;
+    let heavy = pods.iter().find(|p| name(p) == "heavy").unwrap();
+    assert_eq!(
+        annotation(heavy, "hami.io/vgpu-node"),
+        Some("gpu-node-1"),
+        "{}",
+        summary(&pods)
+    );
+    check_clean(&cluster).await;
+    cluster.shutdown().await;
+}
