@@ -78,7 +78,8 @@ pub struct Args {
     /// Pods for `burst` and `openb` workloads.
     #[arg(long, default_value_t = 40)]
     pub pods: usize,
-    /// Node policy: binpack, spread, bestfit, random.
+    /// Node policy: binpack, spread, fgd, fgdpack, bestfit, random (the chart's
+    /// `nodeSchedulerPolicy`).
     #[arg(long, default_value = "binpack")]
     pub policy: String,
     /// Output: `table` or `json`.
