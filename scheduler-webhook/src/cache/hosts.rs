@@ -13,22 +13,52 @@
 //! ledger but not yet its CPU and memory here (kube-scheduler counts it
 //! meanwhile as "assumed", so nothing is over-committed; the scores see
 //! that node's CPU a bind later).
+//!
+//! Small on purpose, since it holds every pod of the cluster: a pod is kept
+//! as a 64-bit SipHash of its UID (two UIDs sharing a hash by chance, about
+//! 1 in 2^64 per pair, would count as one pod), its node as an index into
+//! the names seen, and its requests in 32 bits each (milli-cores and MiB,
+//! saturating at about 4 million cores and 4 PiB): 24 bytes per pod.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::core::reservation::HostResources;
+
+/// One pod's node and requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    node: u32,
+    cpu_milli: u32,
+    memory_mib: u32,
+}
 
 /// Pods on nodes and the CPU and memory they take.
 #[derive(Debug, Default)]
 pub struct HostBook {
-    /// Per pod UID: its node and what it asks.
-    pods: HashMap<String, (String, HostResources)>,
-    /// Per node: the sum over its pods.
-    nodes: HashMap<String, HostResources>,
+    /// Per pod (its UID's hash): its node and what it asks.
+    pods: HashMap<u64, Held>,
+    /// Node names by index, as first seen.
+    names: Vec<String>,
+    /// Index of each node name.
+    ids: HashMap<String, u32>,
+    /// Per node index: the sum over its pods.
+    sums: Vec<HostResources>,
 }
 
-/// The nodes whose sum a change moved (at most the old and the new node).
+/// The nodes whose sum a change moved.
 pub type Moved = Vec<String>;
+
+/// The key of a pod UID.
+fn key(uid: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    uid.hash(&mut h);
+    h.finish()
+}
+
+fn narrow(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
 
 impl HostBook {
     /// An empty book.
@@ -37,52 +67,112 @@ impl HostBook {
         Self::default()
     }
 
+    fn node_index(&mut self, node: &str) -> u32 {
+        if let Some(&i) = self.ids.get(node) {
+            return i;
+        }
+        let i = narrow(self.names.len() as u64);
+        self.names.push(node.to_owned());
+        self.ids.insert(node.to_owned(), i);
+        self.sums.push(HostResources::default());
+        i
+    }
+
+    fn add(&mut self, held: Held, sign: bool) {
+        if let Some(sum) = self.sums.get_mut(held.node as usize) {
+            let (cpu, mem) = (u64::from(held.cpu_milli), u64::from(held.memory_mib));
+            if sign {
+                sum.cpu_milli = sum.cpu_milli.saturating_add(cpu);
+                sum.memory_mib = sum.memory_mib.saturating_add(mem);
+            } else {
+                sum.cpu_milli = sum.cpu_milli.saturating_sub(cpu);
+                sum.memory_mib = sum.memory_mib.saturating_sub(mem);
+            }
+        }
+    }
+
+    fn name(&self, node: u32) -> String {
+        self.names.get(node as usize).cloned().unwrap_or_default()
+    }
+
     /// The pod `uid` is on `node` asking `host` (it replaces what the pod
     /// held before, on whatever node). Returns the nodes whose sum changed.
     pub fn assign(&mut self, uid: &str, node: &str, host: HostResources) -> Moved {
-        if let Some((old_node, old)) = self.pods.get(uid)
-            && old_node == node
-            && *old == host
-        {
+        let held = Held {
+            node: self.node_index(node),
+            cpu_milli: narrow(host.cpu_milli),
+            memory_mib: narrow(host.memory_mib),
+        };
+        let old = self.pods.insert(key(uid), held);
+        if old == Some(held) {
             return Vec::new();
         }
-        let mut moved = self.remove(uid);
-        self.pods.insert(uid.to_owned(), (node.to_owned(), host));
-        let sum = self.nodes.entry(node.to_owned()).or_default();
-        sum.cpu_milli = sum.cpu_milli.saturating_add(host.cpu_milli);
-        sum.memory_mib = sum.memory_mib.saturating_add(host.memory_mib);
-        if !moved.iter().any(|n| n == node) {
-            moved.push(node.to_owned());
+        let mut moved = Vec::with_capacity(2);
+        if let Some(old) = old {
+            self.add(old, false);
+            if old.node != held.node {
+                moved.push(self.name(old.node));
+            }
         }
+        self.add(held, true);
+        moved.push(self.name(held.node));
         moved
     }
 
     /// The pod `uid` left its node (deleted, finished, or never was on one).
     /// Returns the node whose sum changed, if any.
     pub fn remove(&mut self, uid: &str) -> Moved {
-        let Some((node, host)) = self.pods.remove(uid) else {
-            return Vec::new();
-        };
-        if let Some(sum) = self.nodes.get_mut(&node) {
-            sum.cpu_milli = sum.cpu_milli.saturating_sub(host.cpu_milli);
-            sum.memory_mib = sum.memory_mib.saturating_sub(host.memory_mib);
-            if *sum == HostResources::default() {
-                // A node whose pods ask nothing has no entry, as one without pods.
-                self.nodes.remove(&node);
+        match self.pods.remove(&key(uid)) {
+            Some(held) => {
+                self.add(held, false);
+                vec![self.name(held.node)]
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Forgets every pod whose UID is not in `seen` (a relist ended);
+    /// returns the nodes whose sum changed.
+    pub fn retain(&mut self, seen: &HashSet<String>) -> Moved {
+        let keep: HashSet<u64> = seen.iter().map(|u| key(u)).collect();
+        let gone: Vec<u64> = self
+            .pods
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .copied()
+            .collect();
+        let mut moved: Vec<u32> = Vec::new();
+        for k in gone {
+            if let Some(held) = self.pods.remove(&k) {
+                self.add(held, false);
+                if !moved.contains(&held.node) {
+                    moved.push(held.node);
+                }
             }
         }
-        vec![node]
+        moved.into_iter().map(|n| self.name(n)).collect()
     }
 
     /// What the pods on `node` take.
     #[must_use]
     pub fn used(&self, node: &str) -> HostResources {
-        self.nodes.get(node).copied().unwrap_or_default()
+        self.ids
+            .get(node)
+            .and_then(|&i| self.sums.get(i as usize))
+            .copied()
+            .unwrap_or_default()
     }
 
-    /// The UIDs of the pods counted.
-    pub fn uids(&self) -> impl Iterator<Item = &str> {
-        self.pods.keys().map(String::as_str)
+    /// Number of pods counted.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether no pod is counted.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
     }
 
     /// Checks every node's sum against its pods.
@@ -90,24 +180,19 @@ impl HostBook {
     /// # Errors
     /// The first node whose sum differs, with both values.
     pub fn check(&self) -> Result<(), String> {
-        let mut sums: HashMap<&str, HostResources> = HashMap::new();
-        for (node, host) in self.pods.values() {
-            let sum = sums.entry(node.as_str()).or_default();
-            sum.cpu_milli += host.cpu_milli;
-            sum.memory_mib += host.memory_mib;
+        let mut sums = vec![HostResources::default(); self.sums.len()];
+        for held in self.pods.values() {
+            let sum = sums
+                .get_mut(held.node as usize)
+                .ok_or_else(|| format!("a pod on unknown node index {}", held.node))?;
+            sum.cpu_milli += u64::from(held.cpu_milli);
+            sum.memory_mib += u64::from(held.memory_mib);
         }
-        for (node, kept) in &self.nodes {
-            let want = sums.get(node.as_str()).copied().unwrap_or_default();
-            if *kept != want {
+        for (i, (kept, want)) in self.sums.iter().zip(&sums).enumerate() {
+            if kept != want {
                 return Err(format!(
-                    "host use of {node}: kept {kept:?}, pods sum to {want:?}"
-                ));
-            }
-        }
-        for (node, want) in sums {
-            if want != HostResources::default() && self.used(node) != want {
-                return Err(format!(
-                    "host use of {node}: not kept, pods sum to {want:?}"
+                    "host use of {}: kept {kept:?}, pods sum to {want:?}",
+                    self.names[i]
                 ));
             }
         }
@@ -129,7 +214,7 @@ mod tests {
     };
 
     #[test]
-    fn sums_follow_assign_move_resize_and_remove() {
+    fn sums_follow_assign_move_resize_remove_and_relist() {
         let mut book = HostBook::new();
         assert_eq!(book.assign("p", "n1", A), vec!["n1"]);
         assert_eq!(book.assign("q", "n1", B), vec!["n1"]);
@@ -154,7 +239,33 @@ mod tests {
         assert_eq!(book.remove("p"), vec!["n2"]);
         assert_eq!(book.remove("p"), Vec::<String>::new());
         assert_eq!(book.used("n2"), HostResources::default());
-        assert_eq!(book.uids().collect::<Vec<_>>(), vec!["q"]);
+        assert_eq!(book.len(), 1);
+        book.check().unwrap();
+        // A relist that delivers only r: q is gone.
+        book.assign("r", "n2", B);
+        let seen = HashSet::from(["r".to_owned()]);
+        assert_eq!(book.retain(&seen), vec!["n1"]);
+        assert_eq!(book.used("n1"), HostResources::default());
+        assert_eq!(book.used("n2"), B);
+        assert_eq!(book.used("never"), HostResources::default());
+        book.check().unwrap();
+    }
+
+    #[test]
+    fn absurd_requests_saturate_instead_of_wrapping() {
+        let mut book = HostBook::new();
+        let huge = HostResources {
+            cpu_milli: u64::MAX,
+            memory_mib: 1 << 40,
+        };
+        book.assign("p", "n", huge);
+        assert_eq!(
+            book.used("n"),
+            HostResources {
+                cpu_milli: u64::from(u32::MAX),
+                memory_mib: u64::from(u32::MAX)
+            }
+        );
         book.check().unwrap();
     }
 }

@@ -525,18 +525,21 @@ impl ClusterModel {
     /// it keeps what it reserved and loses only its shape in the fgd
     /// workload, as does any other pod counted there that the relist did
     /// not deliver (it is counted again at its next filter or when its
-    /// allocation is seen).
+    /// allocation is seen). Every pod on a node that it did not deliver
+    /// gives back its CPU and memory.
     pub fn reconcile_pods(&mut self, seen: &HashSet<String>) {
         let gone: Vec<String> = self
             .pods
             .allocated_pods()
             .chain(self.pods.filtered_by(self.pod_relist_mark))
-            .chain(self.hosts.uids())
             .filter(|u| !seen.contains(*u))
             .map(str::to_owned)
             .collect();
         for uid in gone {
             self.delete_pod(&uid);
+        }
+        for name in self.hosts.retain(seen) {
+            self.sync_host(&name);
         }
         let gone: Vec<String> = self
             .pods
