@@ -34,7 +34,7 @@ use crate::core::model::{Gpu, Node};
 /// Whether a GPU hands out MIG instances rather than HAMi-core slices.
 #[must_use]
 pub fn is_mig(gpu: &Gpu) -> bool {
-    gpu.mode == MODE_MIG
+    &*gpu.mode == MODE_MIG
 }
 
 /// The slot count a MIG GPU offers: the largest number of instances of one

@@ -8,6 +8,7 @@
 //! owns the data and the read-only views over it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use proto::hami::mig::{MigAllocation, MigProfile, known_profiles};
 use proto::hami::pair_score::DevicePairScore;
@@ -23,16 +24,17 @@ pub struct Gpu {
     pub uuid: String,
     /// Index on its node.
     pub index: u32,
-    /// Type, e.g. `NVIDIA-Tesla T4`.
-    pub device_type: String,
+    /// Type, e.g. `NVIDIA-Tesla T4` (shared by the node's GPUs of one type:
+    /// 80,000 GPUs hold about 10,000 copies, not 80,000).
+    pub device_type: Arc<str>,
     /// NUMA node.
     pub numa: u32,
     /// Whether the plugin reports it healthy.
     pub health: bool,
     /// Whether an admin cordoned it (`hami.io/device-cordon`).
     pub cordoned: bool,
-    /// Sharing mode (`hami-core`, `mig`, `mps`).
-    pub mode: String,
+    /// Sharing mode (`hami-core`, `mig`, `mps`), shared as the type is.
+    pub mode: Arc<str>,
     /// Split count: how many containers may share it.
     pub count: u32,
     /// Device memory in MiB.
@@ -115,17 +117,26 @@ impl Node {
     /// HAMi does, and sorts them by index (the plugin's order is unstable).
     #[must_use]
     pub fn from_register(name: &str, devices: &[NodeDevice]) -> Self {
+        let mut shared: Vec<Arc<str>> = Vec::new();
+        let mut share = |text: &str| -> Arc<str> {
+            if let Some(s) = shared.iter().find(|s| &***s == text) {
+                return Arc::clone(s);
+            }
+            let s: Arc<str> = Arc::from(text);
+            shared.push(Arc::clone(&s));
+            s
+        };
         let mut gpus: Vec<Gpu> = devices
             .iter()
             .filter(|d| d.device_type.to_ascii_lowercase().contains("nvidia"))
             .map(|d| Gpu {
                 uuid: d.id.clone(),
                 index: d.index,
-                device_type: d.device_type.clone(),
+                device_type: share(&d.device_type),
                 numa: d.numa,
                 health: d.health,
                 cordoned: false,
-                mode: d.mode.clone(),
+                mode: share(&d.mode),
                 count: d.count,
                 devmem: u64::from(d.devmem),
                 devcore: d.devcore,

@@ -114,7 +114,7 @@ fn partly_used_by_idle(cluster: &Cluster) -> BTreeMap<u32, u64> {
 fn idle_by_model(cluster: &Cluster, dist: &ShapeDistribution) -> BTreeMap<String, IdleGpus> {
     let mut out: BTreeMap<String, IdleGpus> = BTreeMap::new();
     for node in cluster.nodes() {
-        let Some(model) = node.gpus.first().map(|g| g.device_type.clone()) else {
+        let Some(model) = node.gpus.first().map(|g| g.device_type.to_string()) else {
             continue;
         };
         let idle = node_idle_milli(node);

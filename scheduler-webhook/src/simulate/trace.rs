@@ -378,7 +378,7 @@ mod tests {
         };
         let n = node_from_row(&row, 100);
         assert_eq!(n.gpus.len(), 2);
-        assert_eq!(n.gpus[1].device_type, "NVIDIA-T4");
+        assert_eq!(&*n.gpus[1].device_type, "NVIDIA-T4");
         assert_eq!(n.gpus[1].count, 100);
         assert_eq!(n.gpus[1].devmem, 16_384);
         assert_eq!(

@@ -581,7 +581,7 @@ impl ClusterModel {
                         node: node.name.clone(),
                         uuid: gpu.uuid.clone(),
                         index: gpu.index,
-                        device_type: gpu.device_type.clone(),
+                        device_type: gpu.device_type.to_string(),
                         memory_mib: gpu.devmem,
                         cores: gpu.devcore,
                         slots: gpu.count,
