@@ -24,8 +24,8 @@ pub struct Gpu {
     pub uuid: String,
     /// Index on its node.
     pub index: u32,
-    /// Type, e.g. `NVIDIA-Tesla T4` (shared by the node's GPUs of one type:
-    /// 80,000 GPUs hold about 10,000 copies, not 80,000).
+    /// Type, e.g. `NVIDIA-Tesla T4` (one copy per node and type, shared by
+    /// the node's GPUs of that type).
     pub device_type: Arc<str>,
     /// NUMA node.
     pub numa: u32,

@@ -189,10 +189,13 @@ fn check_fits(node: &Node, old: Option<&PodUsage>, new: &PodUsage) -> Result<(),
             .used_memory_mib
             .saturating_sub(old_mem)
             .saturating_add(new.memory_mib);
-        if cpu > cap.cpu_milli {
+        // As kube-scheduler's NodeResourcesFit: a pod that asks none of a
+        // resource fits whatever the node's use of it (which may exceed
+        // the allocatable, when that shrank).
+        if new.cpu_milli > 0 && cpu > cap.cpu_milli {
             return Err(over("cpu".to_owned()));
         }
-        if mem > cap.memory_mib {
+        if new.memory_mib > 0 && mem > cap.memory_mib {
             return Err(over("memory".to_owned()));
         }
     }
@@ -536,6 +539,15 @@ mod tests {
         c.observe_allocated("p2", 0, &none, 0, h, &[]).unwrap();
         assert_eq!(c.node(0).unwrap().used_cpu_milli, 1600);
         assert!(c.reserve("p9", 7, &none, 0, h).is_err());
+        // The node is over its CPU now: a pod asking none still fits, as
+        // in kube-scheduler; one asking 1 milli-CPU does not.
+        c.reserve("zero", 0, &none, 0, HostResources::default())
+            .unwrap();
+        let cpu_only = HostResources {
+            cpu_milli: 1,
+            memory_mib: 0,
+        };
+        assert!(c.reserve("cpu", 0, &none, 0, cpu_only).is_err());
     }
 
     #[derive(Debug, Clone)]
