@@ -1,18 +1,15 @@
 //! The CPU and memory every assigned pod takes of its node, and the sums
 //! per node.
 //!
-//! Owns: for each pod the watch shows on a node (`spec.nodeName` set, not
-//! finished), the node and what it asks of it ([`HostResources`]), GPU pods
-//! and others alike; and per node their sum. The extender's
+//! Owns: for each pod on a node, the node and what it asks of it
+//! ([`HostResources`]), GPU pods and others alike; and per node their sum.
+//! A pod is on a node when the watch shows it there (`spec.nodeName` set,
+//! not finished) or, for a GPU pod, from the filter that reserved that
+//! node for it until its bind fails or it is filtered again (as
+//! kube-scheduler counts an "assumed" pod). The extender's
 //! [`crate::cache::model::ClusterModel`] copies a node's sum into the core
 //! node whenever it changes, so `fgd` and `fgdpack` see how much CPU and
 //! memory each node has left, as the simulator's nodes do.
-//!
-//! A pod counts here only once the API server shows it bound: a pod a
-//! filter reserved and whose bind is in flight holds its GPU slices in the
-//! ledger but not yet its CPU and memory here (kube-scheduler counts it
-//! meanwhile as "assumed", so nothing is over-committed; the scores see
-//! that node's CPU a bind later).
 //!
 //! Small on purpose, since it holds every pod of the cluster: a pod is kept
 //! as a 64-bit SipHash of its UID (two UIDs sharing a hash by chance, about

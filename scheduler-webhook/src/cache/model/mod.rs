@@ -41,6 +41,7 @@ use crate::core::model::{Cluster, GpuUse, Node, NodeId};
 use crate::core::policy::{Policy, ScheduleError, SchedulerConfig, schedule};
 use crate::core::quota::QuotaStatus;
 use crate::core::request::{PodRequest, RequestConfig};
+use crate::core::reservation::HostResources;
 use crate::core::rng::SplitMix64;
 
 /// What a filter concluded.
@@ -641,6 +642,11 @@ impl ClusterModel {
             pod.metadata.name.as_deref().unwrap_or_default(),
             Shape::of_request(&request),
         );
+        // So do the CPU and memory an earlier reservation held (a pod
+        // being filtered is not bound yet).
+        for name in self.hosts.remove(&lite.uid) {
+            self.sync_host(&name);
+        }
         request.constraints.quota = self.pods.quota_room(namespace);
 
         let mut failed = BTreeMap::new();
@@ -752,11 +758,22 @@ impl ClusterModel {
                     decided,
                     decision.init_count(),
                 ) {
-                    Ok(()) => FilterOutcome::Placed {
-                        node: node_name,
-                        devices,
-                        failed,
-                    },
+                    Ok(()) => {
+                        // Its CPU and memory count on the node from now,
+                        // as kube-scheduler's assumed pod does.
+                        let host = HostResources {
+                            cpu_milli: lite.cpu_milli,
+                            memory_mib: lite.memory_mib,
+                        };
+                        for name in self.hosts.assign(&lite.uid, &node_name, host) {
+                            self.sync_host(&name);
+                        }
+                        FilterOutcome::Placed {
+                            node: node_name,
+                            devices,
+                            failed,
+                        }
+                    }
                     Err(e) => {
                         failed.insert(node_name, e.to_string());
                         FilterOutcome::NoFit { failed }
@@ -908,10 +925,15 @@ impl ClusterModel {
         self.pods.bound(&mut self.cluster, uid)
     }
 
-    /// Drops a pod's reservation (bind failed); harmless when there is none.
-    /// The pod's shape still counts: kube-scheduler will filter it again.
+    /// Drops a pod's reservation and the CPU and memory it held (bind
+    /// failed); harmless when there is none. The pod's shape still counts:
+    /// kube-scheduler will filter it again.
     pub fn release(&mut self, uid: &str) -> bool {
-        self.pods.bind_failed(&mut self.cluster, uid)
+        let released = self.pods.bind_failed(&mut self.cluster, uid);
+        for name in self.hosts.remove(uid) {
+            self.sync_host(&name);
+        }
+        released
     }
 
     /// Remembers why a pod's filter found no node (see [`PodBook::refuse`]).

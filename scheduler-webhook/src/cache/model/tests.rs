@@ -1395,3 +1395,30 @@ fn a_gpu_pod_needs_the_nodes_free_cpu_and_a_deleted_pod_frees_it() {
     assert_eq!(free_cpu(&model, "a"), Some(1000));
     model.check().unwrap();
 }
+
+/// A reserved pod holds its CPU from its filter, as kube-scheduler's
+/// assumed pod does: the next filter in a burst sees it. Filtered again,
+/// it is counted once; a failed bind gives it back; its bound event
+/// changes nothing.
+#[test]
+fn a_reserved_pod_holds_its_cpu_until_its_bind_fails() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&host_node("a", 2)).unwrap();
+    let first = on_node_asking(slice_pod("first", 100, 10), "", "10");
+    let second = on_node_asking(slice_pod("second", 100, 10), "", "10");
+    assert_eq!(placed_on(&model.filter(&first, &names(&["a"]))), "a");
+    assert_eq!(free_cpu(&model, "a"), Some(6000));
+    let FilterOutcome::NoFit { failed } = model.filter(&second, &names(&["a"])) else {
+        panic!("the first pod's 10 cores are taken");
+    };
+    assert_eq!(failed["a"], "Insufficient cpu");
+    assert_eq!(placed_on(&model.filter(&first, &names(&["a"]))), "a");
+    assert_eq!(free_cpu(&model, "a"), Some(6000), "counted once");
+    assert!(model.release("first"));
+    assert_eq!(free_cpu(&model, "a"), Some(16_000));
+    assert_eq!(placed_on(&model.filter(&second, &names(&["a"]))), "a");
+    model.commit("second").unwrap();
+    model.apply_pod(&on_node_asking(second.clone(), "a", "10"));
+    assert_eq!(free_cpu(&model, "a"), Some(6000));
+    model.check().unwrap();
+}
