@@ -75,16 +75,19 @@ impl HostBook {
         i
     }
 
-    fn add(&mut self, held: Held, sign: bool) {
+    /// Adds `held` to its node's sum.
+    fn add(&mut self, held: Held) {
         if let Some(sum) = self.sums.get_mut(held.node as usize) {
-            let (cpu, mem) = (u64::from(held.cpu_milli), u64::from(held.memory_mib));
-            if sign {
-                sum.cpu_milli = sum.cpu_milli.saturating_add(cpu);
-                sum.memory_mib = sum.memory_mib.saturating_add(mem);
-            } else {
-                sum.cpu_milli = sum.cpu_milli.saturating_sub(cpu);
-                sum.memory_mib = sum.memory_mib.saturating_sub(mem);
-            }
+            sum.cpu_milli = sum.cpu_milli.saturating_add(u64::from(held.cpu_milli));
+            sum.memory_mib = sum.memory_mib.saturating_add(u64::from(held.memory_mib));
+        }
+    }
+
+    /// Takes `held` off its node's sum.
+    fn sub(&mut self, held: Held) {
+        if let Some(sum) = self.sums.get_mut(held.node as usize) {
+            sum.cpu_milli = sum.cpu_milli.saturating_sub(u64::from(held.cpu_milli));
+            sum.memory_mib = sum.memory_mib.saturating_sub(u64::from(held.memory_mib));
         }
     }
 
@@ -106,12 +109,12 @@ impl HostBook {
         }
         let mut moved = Vec::with_capacity(2);
         if let Some(old) = old {
-            self.add(old, false);
+            self.sub(old);
             if old.node != held.node {
                 moved.push(self.name(old.node));
             }
         }
-        self.add(held, true);
+        self.add(held);
         moved.push(self.name(held.node));
         moved
     }
@@ -121,7 +124,7 @@ impl HostBook {
     pub fn remove(&mut self, uid: &str) -> Moved {
         match self.pods.remove(&key(uid)) {
             Some(held) => {
-                self.add(held, false);
+                self.sub(held);
                 vec![self.name(held.node)]
             }
             None => Vec::new(),
@@ -141,7 +144,7 @@ impl HostBook {
         let mut moved: Vec<u32> = Vec::new();
         for k in gone {
             if let Some(held) = self.pods.remove(&k) {
-                self.add(held, false);
+                self.sub(held);
                 if !moved.contains(&held.node) {
                     moved.push(held.node);
                 }
@@ -158,18 +161,6 @@ impl HostBook {
             .and_then(|&i| self.sums.get(i as usize))
             .copied()
             .unwrap_or_default()
-    }
-
-    /// Number of pods counted.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.pods.len()
-    }
-
-    /// Whether no pod is counted.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
     }
 
     /// Checks every node's sum against its pods.
@@ -236,7 +227,6 @@ mod tests {
         assert_eq!(book.remove("p"), vec!["n2"]);
         assert_eq!(book.remove("p"), Vec::<String>::new());
         assert_eq!(book.used("n2"), HostResources::default());
-        assert_eq!(book.len(), 1);
         book.check().unwrap();
         // A relist that delivers only r: q is gone.
         book.assign("r", "n2", B);

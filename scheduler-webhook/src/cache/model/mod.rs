@@ -367,13 +367,9 @@ impl ClusterModel {
             self.delete_pod(uid);
             return;
         }
-        let spec = pod.spec.as_ref();
-        if let Some((node, spec)) = spec.and_then(|s| {
-            s.node_name
-                .as_deref()
-                .filter(|n| !n.is_empty())
-                .zip(Some(s))
-        }) {
+        if let Some(spec) = pod.spec.as_ref()
+            && let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty())
+        {
             let moved = self
                 .hosts
                 .assign(uid, node, host_requests(spec).unwrap_or_default());
