@@ -131,10 +131,10 @@ impl HostBook {
         }
     }
 
-    /// Forgets every pod whose UID is not in `seen` (a relist ended);
+    /// Forgets every pod whose UID is not in `keep` (a relist ended);
     /// returns the nodes whose sum changed.
-    pub fn retain(&mut self, seen: &HashSet<String>) -> Moved {
-        let keep: HashSet<u64> = seen.iter().map(|u| key(u)).collect();
+    pub fn retain<'a>(&mut self, keep: impl IntoIterator<Item = &'a str>) -> Moved {
+        let keep: HashSet<u64> = keep.into_iter().map(key).collect();
         let gone: Vec<u64> = self
             .pods
             .keys()
@@ -230,8 +230,7 @@ mod tests {
         book.check().unwrap();
         // A relist that delivers only r: q is gone.
         book.assign("r", "n2", B);
-        let seen = HashSet::from(["r".to_owned()]);
-        assert_eq!(book.retain(&seen), vec!["n1"]);
+        assert_eq!(book.retain(["r"]), vec!["n1"]);
         assert_eq!(book.used("n1"), HostResources::default());
         assert_eq!(book.used("n2"), B);
         assert_eq!(book.used("never"), HostResources::default());

@@ -461,6 +461,15 @@ impl PodBook {
             .map(|(uid, _)| uid.as_str())
     }
 
+    /// Pods whose last filter came after `mark` (a [`Self::filters`]
+    /// value): maybe newer than a list started at the mark.
+    pub fn filtered_after(&self, mark: u64) -> impl Iterator<Item = &str> {
+        self.records
+            .iter()
+            .filter(move |(_, r)| r.filtered > mark)
+            .map(|(uid, _)| uid.as_str())
+    }
+
     /// Pods that hold nothing and whose last filter found no node, with why.
     pub fn refused(&self) -> impl Iterator<Item = (&str, &PodRecord, &Refusal)> {
         self.records.iter().filter_map(|(uid, r)| {

@@ -523,7 +523,8 @@ impl ClusterModel {
     /// workload, as does any other pod counted there that the relist did
     /// not deliver (it is counted again at its next filter or when its
     /// allocation is seen). Every pod on a node that it did not deliver
-    /// gives back its CPU and memory.
+    /// gives back its CPU and memory, but for those filtered after it
+    /// started, which keep the CPU and memory of the node they reserved.
     pub fn reconcile_pods(&mut self, seen: &HashSet<String>) {
         let gone: Vec<String> = self
             .pods
@@ -535,7 +536,11 @@ impl ClusterModel {
         for uid in gone {
             self.delete_pod(&uid);
         }
-        for name in self.hosts.retain(seen) {
+        let keep = seen
+            .iter()
+            .map(String::as_str)
+            .chain(self.pods.filtered_after(self.pod_relist_mark));
+        for name in self.hosts.retain(keep) {
             self.sync_host(&name);
         }
         let gone: Vec<String> = self

@@ -1396,6 +1396,29 @@ fn a_gpu_pod_needs_the_nodes_free_cpu_and_a_deleted_pod_frees_it() {
     model.check().unwrap();
 }
 
+/// A relist that does not deliver a pod filtered after it started (its
+/// LIST may predate the pod) leaves the CPU that pod reserved counted;
+/// a pod filtered before it started and missing from it gives its CPU back.
+#[test]
+fn a_pod_filtered_during_a_relist_keeps_its_cpu_when_the_relist_misses_it() {
+    let mut model = ClusterModel::new(config());
+    model.apply_node(&host_node("a", 2)).unwrap();
+    let early = on_node_asking(slice_pod("early", 100, 10), "", "4");
+    let late = on_node_asking(slice_pod("late", 100, 10), "", "6");
+    assert_eq!(placed_on(&model.filter(&early, &names(&["a"]))), "a");
+    model.pod_relist_started();
+    assert_eq!(placed_on(&model.filter(&late, &names(&["a"]))), "a");
+    assert_eq!(free_cpu(&model, "a"), Some(6000));
+    model.reconcile_pods(&HashSet::new());
+    assert_eq!(
+        free_cpu(&model, "a"),
+        Some(10_000),
+        "early's 4 cores are back, late's 6 still taken"
+    );
+    assert!(model.decision("late").is_some());
+    model.check().unwrap();
+}
+
 /// A reserved pod holds its CPU from its filter, as kube-scheduler's
 /// assumed pod does: the next filter in a burst sees it. Filtered again,
 /// it is counted once; a failed bind gives it back; its bound event
