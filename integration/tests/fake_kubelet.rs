@@ -1253,13 +1253,20 @@ mod against_apiserver {
             ),
         );
         gone.await.expect("kubelet confirms the deletion").unwrap();
-        let deletes = api
-            .requests()
-            .iter()
-            .filter(|r| r.method == "DELETE" && r.path == "/api/v1/namespaces/ns/pods/a")
-            .count();
+        // The watch can show the pod gone before the kubelet's DELETE is in
+        // the server's log (it is logged once served), so wait for the log.
+        let deletes = |log: &[integration::fake_apiserver::RequestRecord]| {
+            log.iter()
+                .filter(|r| r.method == "DELETE" && r.path == "/api/v1/namespaces/ns/pods/a")
+                .count()
+        };
+        let log = api
+            .wait_for_requests(DEADLINE, |log| deletes(log) >= 2)
+            .await
+            .expect("the kubelet's delete is logged");
         assert_eq!(
-            deletes, 2,
+            deletes(&log),
+            2,
             "the user's graceful delete, then the kubelet's grace-0 one"
         );
         node.kubelet

@@ -261,6 +261,24 @@ impl FakeApiServer {
         }
     }
 
+    /// Waits until `condition` holds on the request log, or fails after
+    /// `deadline`. A request is logged after it is served, so a client that
+    /// saw a write through a watch may look before the writer's request is
+    /// in the log; this waits for it. Event-driven: every logged request
+    /// wakes it.
+    pub async fn wait_for_requests(
+        &self,
+        deadline: Duration,
+        condition: impl Fn(&[RequestRecord]) -> bool,
+    ) -> Result<Vec<RequestRecord>, Error> {
+        let mut signal = self.shared.control.stats_signal();
+        let holds = |_: &Stats| condition(&self.requests());
+        match tokio::time::timeout(deadline, signal.wait_for(holds)).await {
+            Ok(Ok(_)) => Ok(self.requests()),
+            _ => Err(Error::Timeout(deadline, Box::new(self.stats()))),
+        }
+    }
+
     /// Cuts open watches and stops the server.
     pub async fn shutdown(mut self) {
         self.shared.control.cut_watches();
