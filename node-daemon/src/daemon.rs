@@ -248,17 +248,17 @@ pub async fn run(daemon: Daemon, shutdown: impl Future<Output = ()>) -> Result<(
             cache_errors: crate::metrics::CacheErrors::default(),
         },
     )?;
-    let allocator = Allocator {
-        node: node.clone(),
-        cluster: Arc::clone(&cluster),
-        gpus: gpu_pool,
-        contract: ContractSettings {
+    let allocator = Allocator::new(
+        node.clone(),
+        Arc::clone(&cluster),
+        gpu_pool,
+        ContractSettings {
             hook_path: settings.hook_path.clone(),
             device_memory_scaling: settings.device_memory_scaling,
             mig_gpus,
         },
-        names: Arc::new(names_tx),
-    };
+        Arc::new(names_tx),
+    );
     let kubelet = Supervisor::start(move |_| KubeletActor::new(allocator));
 
     let (stop_tx, stop) = watch::channel(false);

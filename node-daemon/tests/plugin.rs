@@ -616,6 +616,139 @@ async fn preferred_allocation_picks_the_gpus_the_scheduler_chose() {
     node.stop().await;
 }
 
+fn pod_lists(cluster: &MemoryCluster) -> u64 {
+    cluster.subscribe().borrow().pod_lists
+}
+
+/// kubelet's GetPreferredAllocation for one container of `size` IDs out of
+/// every ID of `gpus` (split 2).
+async fn prefer(
+    client: &mut api::device_plugin_client::DevicePluginClient<Channel>,
+    gpus: &[&String],
+    size: i32,
+) -> Vec<String> {
+    let available = gpus
+        .iter()
+        .flat_map(|u| (0..2).map(move |i| format!("{u}-{i}")))
+        .collect();
+    let response = client
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available,
+                must_include_device_i_ds: vec![],
+                allocation_size: size,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    response.container_responses[0].device_i_ds.clone()
+}
+
+#[actix::test]
+async fn an_allocate_of_the_preferred_ids_reuses_the_preferences_read_of_the_pods() {
+    let cluster = MemoryCluster::new();
+    let node = Node::start(2, cluster.clone(), None).await;
+    let (a, b) = (&node.uuids[0], &node.uuids[1]);
+    let mut client = node.client().await;
+
+    cluster.put_pod(
+        NODE,
+        bound_pod("p", &["app"], &format!("{b},NVIDIA,100,0:;")),
+    );
+    let before = pod_lists(&cluster);
+    let preferred = prefer(&mut client, &[a, b], 1).await;
+    assert_eq!(preferred, [format!("{b}-0")]);
+    client.allocate(allocate_request(&preferred)).await.unwrap();
+    let p = cluster.pod("ns", "p").unwrap();
+    assert_eq!(p.annotation(keys::BIND_PHASE), Some("success"));
+    assert_eq!(
+        pod_lists(&cluster) - before,
+        1,
+        "the Allocate used the preference's list"
+    );
+
+    // kubelet picked other IDs than preferred: the Allocate reads afresh.
+    cluster.put_pod(
+        NODE,
+        bound_pod("q", &["app"], &format!("{a},NVIDIA,100,0:;")),
+    );
+    let before = pod_lists(&cluster);
+    let preferred = prefer(&mut client, &[a, b], 1).await;
+    assert_eq!(preferred, [format!("{a}-0")]);
+    client
+        .allocate(allocate_request(&[format!("{a}-1")]))
+        .await
+        .unwrap();
+    let q = cluster.pod("ns", "q").unwrap();
+    assert_eq!(q.annotation(keys::BIND_PHASE), Some("success"));
+    assert_eq!(pod_lists(&cluster) - before, 2);
+    node.stop().await;
+}
+
+/// HAMi issue #781's swap, through the kept read: a preference whose read
+/// of the node was answered before pod `first`'s Allocate ended, but kept
+/// after it, shows `first` still pending. The next Allocate (for `second`,
+/// whose turn it now is) must not be served from that read, or it would
+/// allocate `first` again and leave `second` waiting. (kubelet's Allocates
+/// are serial; a preference is not held back by one.)
+#[actix::test]
+async fn a_preference_read_across_an_allocate_never_serves_the_next_allocate() {
+    let cluster = MemoryCluster::new();
+    let armed = std::sync::atomic::AtomicBool::new(false);
+    let (api, entered, open) = GatedCluster::new(&cluster, Gate::NextLockRead(armed));
+    let node = Node::start_with(2, cluster.clone(), api.clone(), None, None).await;
+    let (a, b) = (node.uuids[0].clone(), node.uuids[1].clone());
+    cluster.put_pod(
+        NODE,
+        bound_pod("first", &["app"], &format!("{a},NVIDIA,100,0:;")),
+    );
+    cluster.put_pod(
+        NODE,
+        bound_pod("second", &["app"], &format!("{b},NVIDIA,100,0:;")),
+    );
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("first")));
+    let mut client = node.client().await;
+
+    if let Gate::NextLockRead(armed) = &api.gate {
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    let mut other = node.client().await;
+    let (x, y) = (a.clone(), b.clone());
+    let preference = tokio::spawn(async move { prefer(&mut other, &[&x, &y], 1).await });
+    within("the preference's read", entered.notified()).await;
+    client
+        .allocate(allocate_request(&[format!("{a}-0")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster
+            .pod("ns", "first")
+            .unwrap()
+            .annotation(keys::BIND_PHASE),
+        Some("success")
+    );
+    cluster.set_node_annotation_now(NODE, keys::NODE_LOCK, Some(&lock_for("second")));
+    open.notify_one();
+    let preferred = within("the preference", preference).await.unwrap();
+    assert_eq!(
+        preferred,
+        [format!("{a}-0")],
+        "its read shows first pending"
+    );
+
+    client.allocate(allocate_request(&preferred)).await.unwrap();
+    assert_eq!(
+        cluster
+            .pod("ns", "second")
+            .unwrap()
+            .annotation(keys::BIND_PHASE),
+        Some("success"),
+        "the Allocate read afresh and served second"
+    );
+    node.stop().await;
+}
+
 #[actix::test]
 async fn kubelet_restart_leads_to_a_new_registration() {
     let mut node = Node::start(2, MemoryCluster::new(), None).await;
@@ -724,12 +857,40 @@ async fn a_restarted_daemon_rebuilds_the_ledger_and_never_double_books() {
     node.stop().await;
 }
 
-/// The in-memory cluster, but pod patches wait until `open` is notified
-/// (after notifying `entered`): an Allocate caught in flight.
+/// The in-memory cluster, but the calls `gate` names wait until `open` is
+/// notified (after notifying `entered`): an Allocate caught in flight.
 struct GatedCluster {
     inner: MemoryCluster,
     entered: Arc<Notify>,
     open: Arc<Notify>,
+    gate: Gate,
+}
+
+/// What a [`GatedCluster`] holds up.
+enum Gate {
+    /// Every pod patch.
+    PodPatches,
+    /// The next node-lock read while armed, answered with the value read
+    /// before the wait (a reply delivered late).
+    NextLockRead(std::sync::atomic::AtomicBool),
+}
+
+impl GatedCluster {
+    fn new(inner: &MemoryCluster, gate: Gate) -> (Arc<Self>, Arc<Notify>, Arc<Notify>) {
+        let (entered, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let api = Arc::new(Self {
+            inner: inner.clone(),
+            entered: Arc::clone(&entered),
+            open: Arc::clone(&open),
+            gate,
+        });
+        (api, entered, open)
+    }
+
+    async fn wait(&self) {
+        self.entered.notify_one();
+        self.open.notified().await;
+    }
 }
 
 impl Cluster for GatedCluster {
@@ -744,7 +905,15 @@ impl Cluster for GatedCluster {
         &'a self,
         node: &'a str,
     ) -> BoxFuture<'a, Result<Option<String>, ClusterError>> {
-        self.inner.node_lock(node)
+        Box::pin(async move {
+            let lock = self.inner.node_lock(node).await;
+            if let Gate::NextLockRead(armed) = &self.gate
+                && armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                self.wait().await;
+            }
+            lock
+        })
     }
 
     fn patch_pod_annotations<'a>(
@@ -754,8 +923,9 @@ impl Cluster for GatedCluster {
         patch: AnnotationPatch,
     ) -> BoxFuture<'a, Result<(), ClusterError>> {
         Box::pin(async move {
-            self.entered.notify_one();
-            self.open.notified().await;
+            if matches!(self.gate, Gate::PodPatches) {
+                self.wait().await;
+            }
             self.inner
                 .patch_pod_annotations(namespace, name, patch)
                 .await
@@ -828,12 +998,7 @@ impl Cluster for GatedCluster {
 #[actix::test]
 async fn shutdown_finishes_the_allocate_in_flight_then_removes_the_socket() {
     let cluster = MemoryCluster::new();
-    let (entered, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let api = Arc::new(GatedCluster {
-        inner: cluster.clone(),
-        entered: Arc::clone(&entered),
-        open: Arc::clone(&open),
-    });
+    let (api, entered, open) = GatedCluster::new(&cluster, Gate::PodPatches);
     let mut node = Node::start_with(2, cluster.clone(), api, None, None).await;
     let a = node.uuids[0].clone();
     cluster.put_pod(

@@ -5,7 +5,8 @@
 //! kubelet admits pods one at a time anyway.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use actix::{Actor, AtomicResponse, Context, Handler, Message, ResponseFuture, WrapFuture as _};
 use proto::hami::bind::BindPhase;
@@ -14,6 +15,7 @@ use proto::hami::keys;
 use proto::hami::node_lock::LockOwner;
 use tracing::{info, warn};
 
+use super::kept_read::{KeptRead, NodeRead};
 use super::pool::{CommitFailure, GpuPool};
 use crate::allocation::{
     AllocateError, ContainerPlan, PodFailure, identify_pod, plan_container, prefer_devices,
@@ -74,6 +76,8 @@ pub struct Allocator {
     pub contract: ContractSettings,
     /// Where the names of the pods last listed are published (for metrics).
     pub names: Arc<tokio::sync::watch::Sender<crate::cluster::PodNames>>,
+    /// The last GetPreferredAllocation's read, for the Allocate after it.
+    kept: Arc<Mutex<KeptRead>>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -86,25 +90,64 @@ impl std::fmt::Debug for Allocator {
 }
 
 impl Allocator {
-    /// Lists the node's pods and releases the slices of pods gone or
-    /// finished (a liveness snapshot stamped before the list is read).
-    async fn pods(&self) -> Result<Vec<PodView>, AllocateError> {
+    /// An allocator for `node`, keeping no read yet.
+    #[must_use]
+    pub fn new(
+        node: String,
+        cluster: Arc<dyn Cluster>,
+        gpus: GpuPool,
+        contract: ContractSettings,
+        names: Arc<tokio::sync::watch::Sender<crate::cluster::PodNames>>,
+    ) -> Self {
+        Self {
+            node,
+            cluster,
+            gpus,
+            contract,
+            names,
+            kept: Arc::default(),
+        }
+    }
+
+    /// Lists the node's pods and reads its lock, stamped with the liveness
+    /// epoch taken before the list.
+    async fn read(&self) -> Result<NodeRead, AllocateError> {
         let taken_at = self.gpus.clock().now();
         let pods = self
             .cluster
             .pods_on_node(&self.node)
             .await
             .map_err(AllocateError::Cluster)?;
-        self.names.send_replace(pod_names(&pods));
-        let live = pods
+        let lock = self.node_lock().await;
+        Ok(NodeRead {
+            pods,
+            lock,
+            taken_at,
+        })
+    }
+
+    /// Publishes the read's pod names and releases the slices of pods gone
+    /// or finished in it.
+    async fn release_gone(&self, read: &NodeRead) {
+        self.names.send_replace(pod_names(&read.pods));
+        let live = read
+            .pods
             .iter()
             .filter(|p| !p.is_terminal())
             .map(|p| p.uid.clone())
             .collect();
         self.gpus
-            .release_except(LiveSnapshot { live, taken_at })
+            .release_except(LiveSnapshot {
+                live,
+                taken_at: read.taken_at,
+            })
             .await;
-        Ok(pods)
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, KeptRead> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn node_lock(&self) -> Option<String> {
@@ -127,11 +170,17 @@ impl Allocator {
         requests: &[Vec<String>],
     ) -> Result<Vec<ContainerSlice>, AllocateError> {
         let first = requests.first().ok_or(AllocateError::EmptyRequest)?;
-        let pods = self.pods().await?;
-        let lock = self.node_lock().await;
-        let (pod, todo) = identify_pod(&self.node, lock.as_deref(), &pods, first.len())?;
+        let kept = self.kept().begin(first, Instant::now());
+        let _end = AllocateEnds(&self.kept);
+        let read = match kept {
+            Some(read) => read,
+            None => self.read().await?,
+        };
+        self.release_gone(&read).await;
+        let pods = &read.pods;
+        let (pod, todo) = identify_pod(&self.node, read.lock.as_deref(), pods, first.len())?;
         let mut committed = Vec::new();
-        match self.serve(pod, &pods, todo, requests, &mut committed).await {
+        match self.serve(pod, pods, todo, requests, &mut committed).await {
             Ok(slices) => Ok(slices),
             Err(reason) => {
                 for (uuid, key) in committed {
@@ -358,16 +407,13 @@ impl Allocator {
         &self,
         requests: &[PreferenceRequest],
     ) -> Result<Vec<Vec<String>>, AllocateError> {
-        let pods = self
-            .cluster
-            .pods_on_node(&self.node)
-            .await
-            .map_err(AllocateError::Cluster)?;
-        let lock = self.node_lock().await;
+        let ticket = self.kept().ticket();
+        let read = self.read().await?;
         let mut todo = requests
             .first()
-            .and_then(|r| identify_pod(&self.node, lock.as_deref(), &pods, r.size).ok())
+            .and_then(|r| identify_pod(&self.node, read.lock.as_deref(), &read.pods, r.size).ok())
             .map(|(_, todo)| todo);
+        let identified = todo.is_some();
         let mut out = Vec::with_capacity(requests.len());
         for r in requests {
             let chosen: Vec<String> = match &todo {
@@ -388,7 +434,23 @@ impl Allocator {
                     .and_then(|i| t.erase_container(i).ok())
             });
         }
+        if identified && let Some(ids) = out.first() {
+            self.kept().keep(ticket, read, ids, Instant::now());
+        }
         Ok(out)
+    }
+}
+
+/// Ends an Allocate in the kept-read count when dropped, so every way out
+/// of an Allocate (an error, a cancelled future) ends it.
+struct AllocateEnds<'a>(&'a Mutex<KeptRead>);
+
+impl Drop for AllocateEnds<'_> {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .end();
     }
 }
 

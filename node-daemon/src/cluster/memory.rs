@@ -30,6 +30,8 @@ pub struct ClusterState {
     pub nodes: BTreeMap<String, BTreeMap<String, String>>,
     /// How many writes (patches) were applied.
     pub writes: u64,
+    /// How many times a node's pods were listed.
+    pub pod_lists: u64,
     /// `ResourceClaim`s.
     pub claims: Vec<ClaimView>,
     /// UIDs of the `ResourceClaim`s deleted, in order.
@@ -152,14 +154,16 @@ impl Cluster for MemoryCluster {
         &'a self,
         node: &'a str,
     ) -> BoxFuture<'a, Result<Vec<PodView>, ClusterError>> {
-        let pods = self
-            .state
-            .borrow()
-            .pods
-            .iter()
-            .filter(|(n, _)| n == node)
-            .map(|(_, p)| p.clone())
-            .collect();
+        let mut pods = Vec::new();
+        self.state.send_modify(|s| {
+            s.pod_lists += 1;
+            pods = s
+                .pods
+                .iter()
+                .filter(|(n, _)| n == node)
+                .map(|(_, p)| p.clone())
+                .collect();
+        });
         futures::future::ready(Ok(pods)).boxed()
     }
 
