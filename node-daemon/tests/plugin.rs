@@ -594,25 +594,7 @@ async fn preferred_allocation_picks_the_gpus_the_scheduler_chose() {
         bound_pod("p", &["app"], &format!("{b},NVIDIA,100,0:;")),
     );
     let mut client = node.client().await;
-    let available: Vec<String> = [a, b]
-        .iter()
-        .flat_map(|u| (0..2).map(move |i| format!("{u}-{i}")))
-        .collect();
-    let response = client
-        .get_preferred_allocation(api::PreferredAllocationRequest {
-            container_requests: vec![api::ContainerPreferredAllocationRequest {
-                available_device_i_ds: available,
-                must_include_device_i_ds: vec![],
-                allocation_size: 1,
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        response.container_responses[0].device_i_ds,
-        [format!("{b}-0")]
-    );
+    assert_eq!(prefer(&mut client, &[a, b], 1).await, [format!("{b}-0")]);
     node.stop().await;
 }
 
