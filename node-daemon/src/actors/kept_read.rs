@@ -72,10 +72,17 @@ impl KeptRead {
     }
 
     /// Keeps `read`, the preference's read under `ticket`, which preferred
-    /// `ids` for its first container. A ticket taken while an Allocate ran
-    /// keeps nothing (and drops what was kept).
-    pub fn keep(&mut self, ticket: ReadTicket, read: NodeRead, ids: &[String], now: Instant) {
-        self.kept = ticket.0.map(|after| Kept {
+    /// `ids` for its first container (`None`: it found no pod to prefer
+    /// for). Keeps nothing, and drops what was kept, when it found no pod or
+    /// the ticket was taken while an Allocate ran.
+    pub fn keep(
+        &mut self,
+        ticket: ReadTicket,
+        read: NodeRead,
+        ids: Option<&[String]>,
+        now: Instant,
+    ) {
+        self.kept = ticket.0.zip(ids).map(|(after, ids)| Kept {
             read,
             ids: sorted(ids),
             after,
@@ -132,7 +139,7 @@ mod tests {
         let now = Instant::now();
         let mut state = KeptRead::default();
         let ticket = state.ticket();
-        state.keep(ticket, read("p"), &ids(&["b", "a"]), now);
+        state.keep(ticket, read("p"), Some(&ids(&["b", "a"])), now);
         assert_eq!(
             lock_of(state.begin(&ids(&["a", "b"]), now)).as_deref(),
             Some("p")
@@ -148,7 +155,7 @@ mod tests {
         let mut state = KeptRead::default();
 
         let ticket = state.ticket();
-        state.keep(ticket, read("p"), &ids(&["a"]), now);
+        state.keep(ticket, read("p"), Some(&ids(&["a"])), now);
         assert!(state.begin(&ids(&["b"]), now).is_none(), "other IDs");
         state.end();
         assert!(
@@ -158,7 +165,7 @@ mod tests {
         state.end();
 
         let ticket = state.ticket();
-        state.keep(ticket, read("p"), &ids(&["a"]), now);
+        state.keep(ticket, read("p"), Some(&ids(&["a"])), now);
         assert!(state.begin(&ids(&["a"]), now + KEPT_READ_TTL).is_none());
         state.end();
 
@@ -166,7 +173,7 @@ mod tests {
         let ticket = state.ticket();
         state.begin(&ids(&["x"]), now);
         state.end();
-        state.keep(ticket, read("p"), &ids(&["a"]), now);
+        state.keep(ticket, read("p"), Some(&ids(&["a"])), now);
         assert!(state.begin(&ids(&["a"]), now).is_none());
         state.end();
     }
@@ -178,16 +185,28 @@ mod tests {
         state.begin(&ids(&["x"]), now);
         let ticket = state.ticket();
         state.end();
-        state.keep(ticket, read("p"), &ids(&["a"]), now);
+        state.keep(ticket, read("p"), Some(&ids(&["a"])), now);
         assert!(state.begin(&ids(&["a"]), now).is_none());
         state.end();
         // And the counts stay paired: the next preference's read is kept.
         let ticket = state.ticket();
-        state.keep(ticket, read("q"), &ids(&["a"]), now);
+        state.keep(ticket, read("q"), Some(&ids(&["a"])), now);
         assert_eq!(
             lock_of(state.begin(&ids(&["a"]), now)).as_deref(),
             Some("q")
         );
+        state.end();
+    }
+
+    #[test]
+    fn a_preference_that_found_no_pod_drops_the_kept_read() {
+        let now = Instant::now();
+        let mut state = KeptRead::default();
+        let ticket = state.ticket();
+        state.keep(ticket, read("p"), Some(&ids(&["a"])), now);
+        let ticket = state.ticket();
+        state.keep(ticket, read("none"), None, now);
+        assert!(state.begin(&ids(&["a"]), now).is_none());
         state.end();
     }
 }

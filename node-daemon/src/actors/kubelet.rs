@@ -434,9 +434,8 @@ impl Allocator {
                     .and_then(|i| t.erase_container(i).ok())
             });
         }
-        if identified && let Some(ids) = out.first() {
-            self.kept().keep(ticket, read, ids, Instant::now());
-        }
+        let preferred = out.first().filter(|_| identified).map(Vec::as_slice);
+        self.kept().keep(ticket, read, preferred, Instant::now());
         Ok(out)
     }
 }
