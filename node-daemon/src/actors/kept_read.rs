@@ -7,7 +7,8 @@
 //! GetPreferredAllocation, then Allocate with the IDs it picked. The kept
 //! read serves that Allocate only when nothing can have changed what it
 //! shows for the pod being allocated:
-//! - it is taken once: the next Allocate takes it, whatever it is for;
+//! - it is taken once: the next Allocate takes it, whatever it is for, and
+//!   the next preference replaces it (or drops it, if it found no pod);
 //! - no Allocate was under way while it was read, and none ended since (an
 //!   Allocate writes its pod's annotations, which the read would still show
 //!   pending: the swap of HAMi issue #781);
