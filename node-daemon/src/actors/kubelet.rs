@@ -171,7 +171,7 @@ impl Allocator {
     ) -> Result<Vec<ContainerSlice>, AllocateError> {
         let first = requests.first().ok_or(AllocateError::EmptyRequest)?;
         let kept = self.kept().begin(first, Instant::now());
-        let _end = AllocateEnds(&self.kept);
+        let _end = AllocateEnds(self);
         let read = match kept {
             Some(read) => read,
             None => self.read().await?,
@@ -442,14 +442,11 @@ impl Allocator {
 
 /// Ends an Allocate in the kept-read count when dropped, so every way out
 /// of an Allocate (an error, a cancelled future) ends it.
-struct AllocateEnds<'a>(&'a Mutex<KeptRead>);
+struct AllocateEnds<'a>(&'a Allocator);
 
 impl Drop for AllocateEnds<'_> {
     fn drop(&mut self) {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .end();
+        self.0.kept().end();
     }
 }
 

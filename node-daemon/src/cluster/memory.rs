@@ -155,7 +155,8 @@ impl Cluster for MemoryCluster {
         node: &'a str,
     ) -> BoxFuture<'a, Result<Vec<PodView>, ClusterError>> {
         let mut pods = Vec::new();
-        self.state.send_modify(|s| {
+        // Counted, but no waiter is woken: a list changes nothing.
+        self.state.send_if_modified(|s| {
             s.pod_lists += 1;
             pods = s
                 .pods
@@ -163,6 +164,7 @@ impl Cluster for MemoryCluster {
                 .filter(|(n, _)| n == node)
                 .map(|(_, p)| p.clone())
                 .collect();
+            false
         });
         futures::future::ready(Ok(pods)).boxed()
     }
