@@ -39,6 +39,7 @@ use crate::core::fit::{
 };
 use crate::core::kinds::GpuPolicy;
 use crate::core::model::{Cluster, Gpu, GpuUse, Node, NodeId};
+use crate::core::rare_hosts::{GuardedShape, admits, guarded_shapes};
 use crate::core::request::{MemoryRequest, PodRequest};
 use crate::core::rng::{SplitMix64, TieBreak};
 use crate::core::score::{ScoringWeights, gpu_order_into};
@@ -337,12 +338,6 @@ fn host_per_gpu(groups: &[Group]) -> (f64, f64) {
     }
 }
 
-/// Whether a shape's GPU type allow-list (lower case; empty: any) admits
-/// the GPU model `model` (lower case): the model names one of its entries.
-fn admits(types: &[String], model: &str) -> bool {
-    types.is_empty() || types.iter().any(|t| model.contains(t.as_str()))
-}
-
 /// Per GPU model of the cluster (lower case), the typical pods' demand
 /// pinned to it per unit of its capacity: each pinned group's weight ×
 /// GPU-milli spread over the capacity of the models it allows; scaled so
@@ -553,6 +548,20 @@ pub(crate) enum Placement {
 }
 
 impl Placement {
+    /// The positions of the GPUs it takes, in [`Node::gpus`].
+    pub(crate) fn gpus(&self) -> Vec<usize> {
+        match self {
+            Self::Single { pick, .. } => vec![pick.gpu],
+            Self::Picks(p) => p
+                .init
+                .iter()
+                .chain(&p.app)
+                .flatten()
+                .map(|k| k.gpu)
+                .collect(),
+        }
+    }
+
     /// The picks of every container.
     pub(crate) fn into_picks(self, req: &PodRequest) -> PodPicks {
         match self {
@@ -638,6 +647,9 @@ pub struct FgdIndex {
     /// The typical GPU pods' CPU (milli-CPU) and memory (MiB) per
     /// milli-GPU they ask, frequency-weighted ([`FgdIndex::host_per_gpu`]).
     host_per_gpu: (f64, f64),
+    /// The workload's multi-GPU shapes few nodes can host, from the nodes
+    /// at build time ([`FgdIndex::guarded_shapes`]).
+    guarded: Vec<GuardedShape>,
 }
 
 impl FgdIndex {
@@ -658,6 +670,16 @@ impl FgdIndex {
             BTreeMap::new()
         };
         let host_per_gpu = host_per_gpu(&groups);
+        let multi_gpu = dist
+            .frequencies()
+            .filter(|(s, _)| s.gpus >= 2 && s.milli >= MILLI_PER_GPU)
+            .map(|(s, _)| GuardedShape {
+                gpus: s.gpus,
+                cpu_milli: s.cpu_milli,
+                memory_mib: s.memory_mib,
+                types: s.types.clone(),
+            });
+        let guarded = guarded_shapes(multi_gpu, cluster);
         let mut index = Self {
             params,
             groups,
@@ -665,6 +687,7 @@ impl FgdIndex {
             pressure,
             memo: Vec::new(),
             host_per_gpu,
+            guarded,
         };
         for id in 0..cluster.nodes().len() {
             index.refresh_node(cluster, id);
@@ -687,6 +710,15 @@ impl FgdIndex {
     #[must_use]
     pub fn host_per_gpu(&self) -> (f64, f64) {
         self.host_per_gpu
+    }
+
+    /// The workload's shapes of two or more whole GPUs that fewer than half
+    /// of the nodes with enough GPUs could host even when empty
+    /// ([`crate::core::rare_hosts`]), from all shapes, not only the typical
+    /// ones, and the nodes when the index was built.
+    #[must_use]
+    pub fn guarded_shapes(&self) -> &[GuardedShape] {
+        &self.guarded
     }
 
     /// The parameters the index was built with.
@@ -1125,7 +1157,7 @@ impl FgdIndex {
         req: &PodRequest,
         candidates: impl IntoIterator<Item = NodeId>,
         weights: ScoringWeights,
-        key: impl Fn(&Self, NodeId, &Node, f64) -> (f64, f64),
+        key: impl Fn(&Self, NodeId, &Node, f64, &Placement) -> (f64, f64),
         rng: &mut SplitMix64,
     ) -> ScanOutcome {
         let mut memo = self.memo(memo_req, weights);
@@ -1144,9 +1176,9 @@ impl FgdIndex {
                 let fallback = |order: &mut Vec<usize>| {
                     gpu_order_into(node, req, GpuPolicy::BINPACK, &weights, order, &mut scores);
                 };
-                let outcome = view
-                    .evaluate(cluster, id, req, fallback, &mut scratch)
-                    .map(|(growth, placement)| (key(view, id, node, growth), placement));
+                let outcome = view.evaluate(cluster, id, req, fallback, &mut scratch).map(
+                    |(growth, placement)| (key(view, id, node, growth, &placement), placement),
+                );
                 memo.store(id, generation, outcome);
             }
             let Some(outcome) = memo.get(id, generation) else {

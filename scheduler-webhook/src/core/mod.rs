@@ -11,6 +11,8 @@
 //!    │
 //!  fgd           fragmentation index and score
 //!    │
+//!  rare_hosts    the few nodes that alone can host a rare multi-GPU shape
+//!    │
 //!  fit  score  quota   GPU fit, HAMi scores, namespace quota book
 //!    │     │     │
 //!  request       what a pod asks (PodRequest, Constraints, QuotaRoom)
@@ -44,6 +46,7 @@ pub mod mig;
 pub mod model;
 pub mod policy;
 pub mod quota;
+pub mod rare_hosts;
 pub mod request;
 pub mod reservation;
 pub mod rng;

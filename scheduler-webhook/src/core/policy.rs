@@ -457,7 +457,7 @@ fn schedule_fgd(
     index: &mut FgdIndex,
     rng: &mut SplitMix64,
 ) -> Result<Decision, ScheduleError> {
-    let key = |view: &FgdIndex, id, node: &Node, growth| {
+    let key = |view: &FgdIndex, id, node: &Node, growth, _: &_| {
         (
             view.score_of_growth(growth),
             fgd_secondary(view, id, node, req),

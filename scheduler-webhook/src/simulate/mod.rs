@@ -131,6 +131,15 @@ pub struct SimulateArgs {
     /// cannot feed, added to FGD's growth (fgd: 0).
     #[arg(long, default_value_t = FgdPackParams::default().strand)]
     pub fgdpack_strand: f64,
+    /// fgdpack: weight of the GPU capacity the node's free CPU or memory cannot feed
+    /// once the pod is placed, added to the growth too (fgd: 0).
+    #[arg(long, default_value_t = FgdPackParams::default().strand_left)]
+    pub fgdpack_strand_left: f64,
+    /// fgdpack: growth (milli-GPU) counted for leaving a node unable to host a
+    /// multi-GPU shape that fewer than half of the nodes with enough GPUs can host
+    /// (fgd: 0).
+    #[arg(long, default_value_t = FgdPackParams::default().keep_hosts)]
+    pub fgdpack_keep_hosts: f64,
     /// fgd and fgdpack: the most frequent shapes covering this share of the pods are
     /// the typical pods (the paper's simulator: 0.95).
     #[arg(long, default_value_t = FgdParams::default().coverage)]
@@ -313,15 +322,19 @@ pub fn run_to(args: &SimulateArgs, out: &mut impl std::io::Write) -> anyhow::Res
         cpu_balance: args.fgdpack_cpu_balance,
         leftover: args.fgdpack_leftover,
         strand: args.fgdpack_strand,
+        strand_left: args.fgdpack_strand_left,
+        keep_hosts: args.fgdpack_keep_hosts,
     };
     if !(fgdpack.temperature > 0.0
         && fgdpack.steps > 0.0
         && fgdpack.cpu_balance.is_finite()
         && fgdpack.leftover.is_finite()
-        && fgdpack.strand.is_finite())
+        && fgdpack.strand.is_finite()
+        && fgdpack.strand_left.is_finite()
+        && fgdpack.keep_hosts.is_finite())
     {
         return Err(ArgsError::Range(
-            "--fgdpack-temperature and --fgdpack-steps must be positive, --fgdpack-cpu-balance, --fgdpack-leftover and --fgdpack-strand finite",
+            "--fgdpack-temperature and --fgdpack-steps must be positive, --fgdpack-cpu-balance, --fgdpack-leftover, --fgdpack-strand, --fgdpack-strand-left and --fgdpack-keep-hosts finite",
         )
         .into());
     }
