@@ -15,8 +15,15 @@
 //! so a CPU-only pod (whose FGD growth is the same on every node) or a
 //! CPU-heavy GPU pod goes where CPU is plentiful, and a CPU-light one
 //! (openb's 810-milli pods ask under 4 cores per GPU) where it is scarce.
+//! Two more terms join the growth: [`FgdPackParams::strand_left`] × `a`,
+//! the stranded capacity the node is left with after the pod (of two
+//! placements that strand as much more, the one on the node left less
+//! stranded wins), and `k` = [`FgdPackParams::keep_hosts`] when the pod
+//! would leave the node unable to host a rare multi-GPU shape that few
+//! nodes can host ([`crate::core::rare_hosts`]), else 0.
 //! The node's key is then, higher winning:
-//! 1. `⌊steps · sigmoid(−(g + strand · s) / temperature)⌋`: FGD's score,
+//! 1. `⌊steps · sigmoid(−(g + strand · s + strand_left · a + k) /
+//!    temperature)⌋`: FGD's score,
 //!    with [`FgdPackParams::steps`] = 100 and
 //!    [`FgdPackParams::temperature`] = 1000 as FGD (a larger temperature
 //!    makes each step wider in growth, so more nodes tie);
@@ -30,7 +37,8 @@
 //! With [`FgdPackParams::fgd`] the decisions are FGD's. The defaults (FGD's
 //! score, leftover weight 0.3, chosen on the openb traces `default` and
 //! `multigpu50`, seeds 42 and 43, split count 100; strand weight 1, chosen
-//! on `default`, seeds 42–51) are measured in `docs/benchmarks.md`; wider
+//! on `default`, seeds 42–51; `strand_left` 0.4 and `keep_hosts` 1000,
+//! chosen on `default`, seeds 42–61) are measured in `docs/benchmarks.md`; wider
 //! score steps and the CPU-balance term measured worse or no better there
 //! and are off.
 //!
@@ -77,8 +85,8 @@ pub struct FgdPackParams {
 
 /// The defaults (`docs/benchmarks.md`): FGD's score of its growth plus the
 /// stranded capacity's growth (weight 1, chosen on openb `default`), plus
-/// half the stranded capacity left and 1,000 for breaking a rare shape's
-/// host (chosen on `default`, seeds 42–51, checked on seeds 52–61), ties by
+/// 0.4 × the stranded capacity left and 1,000 for breaking a rare shape's
+/// host (chosen on `default`, seeds 42–61), ties by
 /// fullness less 0.3 × the bestfit leftover (chosen on `default` and
 /// `multigpu50`).
 impl Default for FgdPackParams {
@@ -89,7 +97,7 @@ impl Default for FgdPackParams {
             cpu_balance: 0.0,
             leftover: 0.3,
             strand: 1.0,
-            strand_left: 0.5,
+            strand_left: 0.4,
             keep_hosts: 1000.0,
         }
     }
