@@ -1445,3 +1445,67 @@ fn a_reserved_pod_holds_its_cpu_until_its_bind_fails() {
     assert_eq!(free_cpu(&model, "a"), Some(6000));
     model.check().unwrap();
 }
+
+/// `fgdpack` in `serve` finds the rare multi-GPU shapes from the live
+/// workload and nodes: once a pod asking 4 whole GPUs and 24 cores is
+/// placed, which only "big" (32 cores; the other 4-GPU nodes have 16) could
+/// host, the index guards that shape. A node with more CPU joining does not
+/// change the guard until the index is rebuilt; a shape new to the
+/// workload rebuilds it: with two hosts of five nodes the shape is still
+/// guarded, with three of six it is not.
+#[test]
+fn fgdpack_in_serve_guards_a_multi_gpu_shape_few_nodes_can_host() {
+    let mut cfg = config();
+    cfg.scheduler.node_policy = Policy::FgdPack;
+    let mut model = ClusterModel::new(cfg);
+    let mut big = host_node("big", 4);
+    big.status = Some(
+        serde_json::from_value(json!({"allocatable": {"cpu": "32", "memory": "64Gi"}})).unwrap(),
+    );
+    model.apply_node(&big).unwrap();
+    for name in ["s1", "s2", "s3"] {
+        model.apply_node(&host_node(name, 4)).unwrap();
+    }
+    let mut whole4 = on_node_asking(slice_pod("whole4", 1000, 100), "", "24");
+    whole4.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .limits
+        .as_mut()
+        .unwrap()
+        .insert(
+            "nvidia.com/gpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("4".into()),
+        );
+    let all = names(&["big", "s1", "s2", "s3"]);
+    assert_eq!(placed_on(&model.filter(&whole4, &all)), "big");
+    let guarded = |model: &mut ClusterModel| {
+        let cluster = model.cluster.clone();
+        model
+            .pods
+            .fgd_index(&cluster)
+            .guarded_shapes()
+            .iter()
+            .map(|s| (s.gpus, s.cpu_milli))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(guarded(&mut model), vec![(4, 24_000)]);
+    // A second 32-core node: two hosts of five, still fewer than half.
+    let mut big2 = big.clone();
+    big2.metadata.name = Some("big2".into());
+    model.apply_node(&big2).unwrap();
+    let half = on_node_asking(slice_pod("half", 500, 50), "", "2");
+    assert_eq!(placed_on(&model.filter(&half, &names(&["s1"]))), "s1");
+    assert_eq!(guarded(&mut model), vec![(4, 24_000)]);
+    // A third: three of six, not fewer than half, once a new shape
+    // rebuilds the index.
+    let mut big3 = big.clone();
+    big3.metadata.name = Some("big3".into());
+    model.apply_node(&big3).unwrap();
+    assert_eq!(guarded(&mut model), vec![(4, 24_000)], "not rebuilt yet");
+    let third = on_node_asking(slice_pod("third", 300, 30), "", "3");
+    assert_eq!(placed_on(&model.filter(&third, &names(&["s2"]))), "s2");
+    assert_eq!(guarded(&mut model), Vec::<(u32, u64)>::new());
+    model.check().unwrap();
+}
