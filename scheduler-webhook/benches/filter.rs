@@ -17,7 +17,10 @@
 //! with the nodes' CPU and memory tracked, as the service tracks them
 //! (128 cores, 1 TiB, a random 0–100 % of the CPU and memory in use) and
 //! shapes and pod asking CPU (4, 8 and 16 cores for 300, 500 and 1000
-//! milli-GPU; the pod 4), so the stranded-capacity term is at work.
+//! milli-GPU; the pod 4), so the stranded-capacity term is at work;
+//! `fgdpack_guarded` the same with every eighth node at 192 cores and a
+//! rare 8-GPU shape of 160 cores in the workload that only they can host,
+//! so each evaluation also checks whether the pod breaks such a host.
 //!
 //! Run: `cargo bench -p scheduler-webhook --bench filter`.
 
@@ -135,21 +138,7 @@ fn filter(c: &mut Criterion) {
         let mut index = FgdIndex::new(&dist, &live);
         group.bench_with_input(BenchmarkId::new("fgd", nodes), &nodes, |b, &n| {
             let mut rng = SplitMix64::new(1);
-            b.iter(|| {
-                let placed = schedule(&live, &req, 0..n, &fgd, Some(&mut index), &mut rng);
-                if let Ok(d) = &placed
-                    && let Some(node) = live.node(d.node)
-                {
-                    let devices = d.pod_devices(node);
-                    let host = HostResources::default();
-                    if live.reserve("bench", d.node, &devices, 0, host).is_ok() {
-                        index.refresh_node(&live, d.node);
-                        live.release("bench");
-                        index.refresh_node(&live, d.node);
-                    }
-                }
-                black_box(placed.is_ok())
-            });
+            b.iter(|| decide_and_undo(&mut live, &req, n, &fgd, &mut index, &mut rng));
         });
         group.bench_with_input(BenchmarkId::new("fgd_cold", nodes), &nodes, |b, &n| {
             let mut rng = SplitMix64::new(1);
@@ -165,21 +154,7 @@ fn filter(c: &mut Criterion) {
             };
             group.bench_with_input(BenchmarkId::new("fgdpack", nodes), &nodes, |b, &n| {
                 let mut rng = SplitMix64::new(1);
-                b.iter(|| {
-                    let placed = schedule(&live, &req, 0..n, &pack, Some(&mut index), &mut rng);
-                    if let Ok(d) = &placed
-                        && let Some(node) = live.node(d.node)
-                    {
-                        let devices = d.pod_devices(node);
-                        let host = HostResources::default();
-                        if live.reserve("bench", d.node, &devices, 0, host).is_ok() {
-                            index.refresh_node(&live, d.node);
-                            live.release("bench");
-                            index.refresh_node(&live, d.node);
-                        }
-                    }
-                    black_box(placed.is_ok())
-                });
+                b.iter(|| decide_and_undo(&mut live, &req, n, &pack, &mut index, &mut rng));
             });
             let mut host_dist = ShapeDistribution::default();
             for (milli, cores, n) in [(300, 4, 5), (500, 8, 3), (1000, 16, 2)] {
@@ -203,34 +178,88 @@ fn filter(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new("fgdpack_host", nodes), &nodes, |b, &n| {
                 let mut rng = SplitMix64::new(1);
                 b.iter(|| {
-                    let placed = schedule(
-                        &hosted,
-                        &host_req,
-                        0..n,
-                        &pack,
-                        Some(&mut host_index),
-                        &mut rng,
-                    );
-                    if let Ok(d) = &placed
-                        && let Some(node) = hosted.node(d.node)
-                    {
-                        let devices = d.pod_devices(node);
-                        let host = HostResources {
-                            cpu_milli: host_req.cpu_milli,
-                            memory_mib: host_req.memory_mib,
-                        };
-                        if hosted.reserve("bench", d.node, &devices, 0, host).is_ok() {
-                            host_index.refresh_node(&hosted, d.node);
-                            hosted.release("bench");
-                            host_index.refresh_node(&hosted, d.node);
-                        }
-                    }
-                    black_box(placed.is_ok())
+                    decide_and_undo(&mut hosted, &host_req, n, &pack, &mut host_index, &mut rng)
                 });
             });
+            // Every eighth node 192 cores, and a rare 8-GPU shape of 160
+            // cores only they can host: guarded, so each evaluation also
+            // asks whether the pod breaks such a host.
+            let mut guarded = Cluster::new(
+                with_host(&cl, 11)
+                    .nodes()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        let mut n = n.clone();
+                        if i % 8 == 0 {
+                            n = n.with_capacity(NodeCapacity {
+                                cpu_milli: 192_000,
+                                memory_mib: 1 << 20,
+                            });
+                        }
+                        n
+                    })
+                    .collect(),
+            );
+            let mut guarded_dist = host_dist.clone();
+            guarded_dist.observe(Shape {
+                cpu_milli: 160_000,
+                memory_mib: 0,
+                gpus: GPUS_PER_NODE,
+                milli: 1000,
+                types: vec![],
+            });
+            let mut guarded_index = FgdIndex::new(&guarded_dist, &guarded);
+            assert_eq!(guarded_index.guarded_shapes().len(), 1);
+            group.bench_with_input(
+                BenchmarkId::new("fgdpack_guarded", nodes),
+                &nodes,
+                |b, &n| {
+                    let mut rng = SplitMix64::new(1);
+                    b.iter(|| {
+                        decide_and_undo(
+                            &mut guarded,
+                            &host_req,
+                            n,
+                            &pack,
+                            &mut guarded_index,
+                            &mut rng,
+                        )
+                    });
+                },
+            );
         }
     }
     group.finish();
+}
+
+/// One `fgdpack` decision over the first `n` nodes, the pod reserved on
+/// the chosen node and released again (the index refreshed both times), as
+/// the `fgd` cycle does; whether a node fit.
+fn decide_and_undo(
+    cluster: &mut Cluster,
+    req: &PodRequest,
+    n: usize,
+    cfg: &SchedulerConfig,
+    index: &mut FgdIndex,
+    rng: &mut SplitMix64,
+) -> bool {
+    let placed = schedule(cluster, req, 0..n, cfg, Some(index), rng);
+    if let Ok(d) = &placed
+        && let Some(node) = cluster.node(d.node)
+    {
+        let devices = d.pod_devices(node);
+        let host = HostResources {
+            cpu_milli: req.cpu_milli,
+            memory_mib: req.memory_mib,
+        };
+        if cluster.reserve("bench", d.node, &devices, 0, host).is_ok() {
+            index.refresh_node(cluster, d.node);
+            cluster.release("bench");
+            index.refresh_node(cluster, d.node);
+        }
+    }
+    black_box(placed.is_ok())
 }
 
 criterion_group!(benches, filter);
