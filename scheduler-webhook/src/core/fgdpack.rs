@@ -390,14 +390,12 @@ mod tests {
         assert!(stranded((0, 0), 4000, (0.0, 0.0)).abs() < 1e-9);
     }
 
-    /// A CPU-heavy GPU pod ties under FGD on two empty nodes (its growth is
-    /// nil on both), and the packing key alone would take the node with
-    /// less CPU; counting stranded capacity takes the one whose GPUs its
-    /// CPU leaves fed.
-    #[test]
-    fn a_cpu_heavy_pod_goes_where_it_strands_no_gpu() {
+    /// Where `fgdpack` with `params` puts a whole-GPU pod asking `cpu_milli`
+    /// between two empty 4-GPU nodes, "poor" (`poor_cores` cores) and
+    /// "rich" (64), in a workload of whole-GPU pods of 8 cores.
+    fn poor_or_rich(poor_cores: u64, cpu_milli: u64, params: FgdPackParams) -> String {
         let poor = NodeCapacity {
-            cpu_milli: 32_000,
+            cpu_milli: poor_cores * 1000,
             memory_mib: 1 << 20,
         };
         let rich = NodeCapacity {
@@ -408,7 +406,6 @@ mod tests {
             mk_node("poor", 4, 10, 1000).with_capacity(poor),
             mk_node("rich", 4, 10, 1000).with_capacity(rich),
         ]);
-        // The workload: whole-GPU pods of 8 cores (8 per GPU).
         let mut dist = ShapeDistribution::default();
         dist.observe(Shape {
             cpu_milli: 8000,
@@ -417,73 +414,47 @@ mod tests {
             milli: 1000,
             types: vec![],
         });
-        // 24 cores: on "poor" it leaves 8 cores for 3 idle GPUs.
-        let heavy = pod(1, 100, 24_000);
-        let decide = |fgdpack: FgdPackParams| {
-            let cfg = SchedulerConfig {
-                node_policy: Policy::FgdPack,
-                fgdpack,
-                ..SchedulerConfig::default()
-            };
-            let mut index = FgdIndex::new(&dist, &c);
-            let mut rng = SplitMix64::new(1);
-            let d = schedule(&c, &heavy, 0..2, &cfg, Some(&mut index), &mut rng).unwrap();
-            c.node(d.node).unwrap().name.clone()
+        let cfg = SchedulerConfig {
+            node_policy: Policy::FgdPack,
+            fgdpack: params,
+            ..SchedulerConfig::default()
         };
+        let mut index = FgdIndex::new(&dist, &c);
+        let mut rng = SplitMix64::new(1);
+        let req = pod(1, 100, cpu_milli);
+        let d = schedule(&c, &req, 0..2, &cfg, Some(&mut index), &mut rng).unwrap();
+        c.node(d.node).unwrap().name.clone()
+    }
+
+    /// A CPU-heavy GPU pod ties under FGD on two empty nodes (its growth is
+    /// nil on both), and the packing key alone would take the node with
+    /// less CPU; counting stranded capacity takes the one whose GPUs its
+    /// CPU leaves fed. 24 cores: on "poor" (32) it leaves 8 cores for 3
+    /// idle GPUs.
+    #[test]
+    fn a_cpu_heavy_pod_goes_where_it_strands_no_gpu() {
         let without = FgdPackParams {
             strand: 0.0,
             strand_left: 0.0,
             ..FgdPackParams::default()
         };
-        assert_eq!(decide(without), "poor");
-        assert_eq!(decide(FgdPackParams::default()), "rich");
+        assert_eq!(poor_or_rich(32, 24_000, without), "poor");
+        assert_eq!(poor_or_rich(32, 24_000, FgdPackParams::default()), "rich");
     }
 
-    /// Two empty nodes, a whole-GPU pod of 8 cores in a workload of such
-    /// pods: FGD's growth and the growth of stranded capacity are nil on
-    /// both, and the packing key takes the node with less CPU. The node
-    /// that stays stranded (16 cores for 4 GPUs: 2 GPUs unfed, before and
-    /// after) loses once what is left stranded counts.
+    /// A whole-GPU pod of 8 cores: FGD's growth and the growth of stranded
+    /// capacity are nil on both nodes, and the packing key takes the node
+    /// with less CPU. The node that stays stranded ("poor", 16 cores for 4
+    /// GPUs: 2 GPUs unfed, before and after) loses once what is left
+    /// stranded counts.
     #[test]
     fn the_node_left_less_stranded_wins_when_the_growths_tie() {
-        let poor = NodeCapacity {
-            cpu_milli: 16_000,
-            memory_mib: 1 << 20,
-        };
-        let rich = NodeCapacity {
-            cpu_milli: 64_000,
-            ..poor
-        };
-        let c = Cluster::new(vec![
-            mk_node("poor", 4, 10, 1000).with_capacity(poor),
-            mk_node("rich", 4, 10, 1000).with_capacity(rich),
-        ]);
-        let mut dist = ShapeDistribution::default();
-        dist.observe(Shape {
-            cpu_milli: 8000,
-            memory_mib: 0,
-            gpus: 1,
-            milli: 1000,
-            types: vec![],
-        });
-        let whole = pod(1, 100, 8000);
-        let decide = |fgdpack: FgdPackParams| {
-            let cfg = SchedulerConfig {
-                node_policy: Policy::FgdPack,
-                fgdpack,
-                ..SchedulerConfig::default()
-            };
-            let mut index = FgdIndex::new(&dist, &c);
-            let mut rng = SplitMix64::new(1);
-            let d = schedule(&c, &whole, 0..2, &cfg, Some(&mut index), &mut rng).unwrap();
-            c.node(d.node).unwrap().name.clone()
-        };
         let without = FgdPackParams {
             strand_left: 0.0,
             ..FgdPackParams::default()
         };
-        assert_eq!(decide(without), "poor");
-        assert_eq!(decide(FgdPackParams::default()), "rich");
+        assert_eq!(poor_or_rich(16, 8000, without), "poor");
+        assert_eq!(poor_or_rich(16, 8000, FgdPackParams::default()), "rich");
     }
 
     /// Of three 8-GPU nodes only "big" (128 cores) can host the workload's

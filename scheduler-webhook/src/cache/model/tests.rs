@@ -43,6 +43,22 @@ fn slice_pod(uid: &str, mem: u32, cores: u32) -> Pod {
     .unwrap()
 }
 
+/// `pod` with its first container asking `gpus` GPUs.
+fn asking_gpus(mut pod: Pod, gpus: u32) -> Pod {
+    pod.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .limits
+        .as_mut()
+        .unwrap()
+        .insert(
+            "nvidia.com/gpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(gpus.to_string()),
+        );
+    pod
+}
+
 fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -1014,19 +1030,11 @@ fn pair_scores_from_the_node_steer_topology_aware_pods() {
     let mut node = kube_node("n1", 3, 1000);
     model.apply_node(&node).unwrap();
     let pod = |uid: &str| {
-        let mut p = slice_pod(uid, 100, 10);
-        p.spec.as_mut().unwrap().containers[0]
-            .resources
-            .as_mut()
-            .unwrap()
-            .limits
-            .as_mut()
-            .unwrap()
-            .insert(
-                "nvidia.com/gpu".into(),
-                k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()),
-            );
-        annotated(p, keys::GPU_SCHEDULER_POLICY, "topology-aware")
+        annotated(
+            asking_gpus(slice_pod(uid, 100, 10), 2),
+            keys::GPU_SCHEDULER_POLICY,
+            "topology-aware",
+        )
     };
     // No scores: the first two walked (spread order, ties by index: 2, 1).
     let FilterOutcome::Placed { devices, .. } = model.filter(&pod("t1"), &names(&["n1"])) else {
@@ -1466,18 +1474,7 @@ fn fgdpack_in_serve_guards_a_multi_gpu_shape_few_nodes_can_host() {
     for name in ["s1", "s2", "s3"] {
         model.apply_node(&host_node(name, 4)).unwrap();
     }
-    let mut whole4 = on_node_asking(slice_pod("whole4", 1000, 100), "", "24");
-    whole4.spec.as_mut().unwrap().containers[0]
-        .resources
-        .as_mut()
-        .unwrap()
-        .limits
-        .as_mut()
-        .unwrap()
-        .insert(
-            "nvidia.com/gpu".into(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity("4".into()),
-        );
+    let whole4 = asking_gpus(on_node_asking(slice_pod("whole4", 1000, 100), "", "24"), 4);
     let all = names(&["big", "s1", "s2", "s3"]);
     assert_eq!(placed_on(&model.filter(&whole4, &all)), "big");
     let guarded = |model: &mut ClusterModel| {
