@@ -43,8 +43,8 @@ fn slice_pod(uid: &str, mem: u32, cores: u32) -> Pod {
     .unwrap()
 }
 
-/// `pod` with its first container asking `gpus` GPUs.
-fn asking_gpus(mut pod: Pod, gpus: u32) -> Pod {
+/// `pod` with its first container's limit `key` set to `value`.
+fn with_limit(mut pod: Pod, key: &str, value: &str) -> Pod {
     pod.spec.as_mut().unwrap().containers[0]
         .resources
         .as_mut()
@@ -53,8 +53,8 @@ fn asking_gpus(mut pod: Pod, gpus: u32) -> Pod {
         .as_mut()
         .unwrap()
         .insert(
-            "nvidia.com/gpu".into(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity(gpus.to_string()),
+            key.into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(value.into()),
         );
     pod
 }
@@ -132,18 +132,7 @@ fn pods_without_gpu_pass_and_bad_quantities_are_invalid() {
         model.filter(&cpu_pod, &names(&["n1"])),
         FilterOutcome::NoGpuRequested
     );
-    let mut bad = slice_pod("y", 1, 1);
-    bad.spec.as_mut().unwrap().containers[0]
-        .resources
-        .as_mut()
-        .unwrap()
-        .limits
-        .as_mut()
-        .unwrap()
-        .insert(
-            "nvidia.com/gpumem".into(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity("lots".into()),
-        );
+    let bad = with_limit(slice_pod("y", 1, 1), "nvidia.com/gpumem", "lots");
     let FilterOutcome::Invalid(why) = model.filter(&bad, &names(&["n1"])) else {
         panic!("expected invalid");
     };
@@ -1031,7 +1020,7 @@ fn pair_scores_from_the_node_steer_topology_aware_pods() {
     model.apply_node(&node).unwrap();
     let pod = |uid: &str| {
         annotated(
-            asking_gpus(slice_pod(uid, 100, 10), 2),
+            with_limit(slice_pod(uid, 100, 10), "nvidia.com/gpu", "2"),
             keys::GPU_SCHEDULER_POLICY,
             "topology-aware",
         )
@@ -1474,7 +1463,11 @@ fn fgdpack_in_serve_guards_a_multi_gpu_shape_few_nodes_can_host() {
     for name in ["s1", "s2", "s3"] {
         model.apply_node(&host_node(name, 4)).unwrap();
     }
-    let whole4 = asking_gpus(on_node_asking(slice_pod("whole4", 1000, 100), "", "24"), 4);
+    let whole4 = with_limit(
+        on_node_asking(slice_pod("whole4", 1000, 100), "", "24"),
+        "nvidia.com/gpu",
+        "4",
+    );
     let all = names(&["big", "s1", "s2", "s3"]);
     assert_eq!(placed_on(&model.filter(&whole4, &all)), "big");
     let guarded = |model: &mut ClusterModel| {
