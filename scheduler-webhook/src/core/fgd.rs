@@ -317,6 +317,38 @@ fn typical_groups(dist: &ShapeDistribution, params: &FgdParams) -> Vec<Group> {
         .collect()
 }
 
+/// Whether the whole workload would ask more CPU or memory than the nodes
+/// have to fill all their GPUs: its CPU (memory) per milli-GPU, every pod
+/// counted (CPU-only ones too), times the milli-GPU of the nodes whose CPU
+/// and memory are tracked, at least their CPU (memory). Then CPU or memory,
+/// not GPUs, bound the cluster, and some GPUs end stranded whatever the
+/// placement.
+fn hosts_bind(dist: &ShapeDistribution, cluster: &Cluster) -> bool {
+    let (mut cpu, mut mem, mut milli) = (0.0, 0.0, 0.0);
+    for (s, f) in dist.frequencies() {
+        #[allow(clippy::cast_precision_loss)]
+        {
+            cpu += f * s.cpu_milli as f64;
+            mem += f * s.memory_mib as f64;
+        }
+        milli += f * f64::from(s.gpus) * f64::from(s.milli.min(MILLI_PER_GPU));
+    }
+    let (mut have_cpu, mut have_mem, mut have_milli) = (0u64, 0u64, 0u64);
+    for node in cluster.nodes() {
+        if let Some(cap) = node.capacity {
+            have_cpu += cap.cpu_milli;
+            have_mem += cap.memory_mib;
+            have_milli += node.gpus.len() as u64 * u64::from(MILLI_PER_GPU);
+        }
+    }
+    if milli <= 0.0 || have_milli == 0 {
+        return false;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let (have_cpu, have_mem, have_milli) = (have_cpu as f64, have_mem as f64, have_milli as f64);
+    cpu / milli * have_milli >= have_cpu || mem / milli * have_milli >= have_mem
+}
+
 /// The typical GPU pods' (milli-CPU, MiB) per milli-GPU, frequency-weighted.
 fn host_per_gpu(groups: &[Group]) -> (f64, f64) {
     let (mut cpu, mut mem, mut gpu) = (0.0, 0.0, 0.0);
@@ -650,6 +682,9 @@ pub struct FgdIndex {
     /// The workload's multi-GPU shapes few nodes can host, from the nodes
     /// at build time ([`FgdIndex::guarded_shapes`]).
     guarded: Vec<GuardedShape>,
+    /// Whether CPU or memory, not GPUs, bound the cluster for this
+    /// workload, from the nodes at build time ([`FgdIndex::hosts_bind`]).
+    hosts_bind: bool,
 }
 
 impl FgdIndex {
@@ -680,6 +715,7 @@ impl FgdIndex {
                 types: s.types.clone(),
             });
         let guarded = guarded_shapes(multi_gpu, cluster);
+        let hosts_bind = hosts_bind(dist, cluster);
         let mut index = Self {
             params,
             groups,
@@ -688,6 +724,7 @@ impl FgdIndex {
             memo: Vec::new(),
             host_per_gpu,
             guarded,
+            hosts_bind,
         };
         for id in 0..cluster.nodes().len() {
             index.refresh_node(cluster, id);
@@ -719,6 +756,15 @@ impl FgdIndex {
     #[must_use]
     pub fn guarded_shapes(&self) -> &[GuardedShape] {
         &self.guarded
+    }
+
+    /// Whether the whole workload (CPU-only pods too) would ask more CPU or
+    /// memory than the nodes have to fill all their GPUs, so that CPU or
+    /// memory, not GPUs, bound the cluster; from the workload and the nodes
+    /// whose CPU and memory are tracked, when the index was built.
+    #[must_use]
+    pub fn hosts_bind(&self) -> bool {
+        self.hosts_bind
     }
 
     /// The parameters the index was built with.

@@ -18,7 +18,11 @@
 //! Two more terms join the growth: [`FgdPackParams::strand_left`] × `a`,
 //! the stranded capacity the node is left with after the pod (of two
 //! placements that strand as much more, the one on the node left less
-//! stranded wins), and `k` = [`FgdPackParams::keep_hosts`] when the pod
+//! stranded wins; not counted when CPU or memory, not GPUs, bind the whole
+//! cluster for the workload, [`FgdIndex::hosts_bind`], for then some nodes
+//! end stranded whatever the placement and the term only keeps CPU-light
+//! pods off the nodes whose GPUs they alone can use), and
+//! `k` = [`FgdPackParams::keep_hosts`] when the pod
 //! would leave the node unable to host a rare multi-GPU shape that few
 //! nodes can host ([`crate::core::rare_hosts`]), else 0.
 //! The node's key is then, higher winning:
@@ -76,6 +80,8 @@ pub struct FgdPackParams {
     /// Weight of the stranded capacity the node is left with after the
     /// pod, added to the growth as well (FGD: 0): of two placements that
     /// strand as much more, the one on the node left less stranded wins.
+    /// Not counted where the workload's CPU or memory binds the cluster
+    /// ([`FgdIndex::hosts_bind`]).
     pub strand_left: f64,
     /// Growth (milli-GPU) counted for a placement that leaves a node
     /// unable to host a guarded shape it could host before
@@ -214,7 +220,15 @@ fn added_growth(
     } else {
         0.0
     };
-    params.strand * (after - before) + params.strand_left * after + keep
+    // Where CPU or memory bind the whole cluster, some nodes end stranded
+    // whatever the placement, and counting what is left stranded only keeps
+    // the CPU-light pods off the nodes whose GPUs they alone can use.
+    let left = if index.hosts_bind() {
+        0.0
+    } else {
+        params.strand_left
+    };
+    params.strand * (after - before) + left * after + keep
 }
 
 /// The packing key (see the module doc).
@@ -392,8 +406,14 @@ mod tests {
 
     /// Where `fgdpack` with `params` puts a whole-GPU pod asking `cpu_milli`
     /// between two empty 4-GPU nodes, "poor" (`poor_cores` cores) and
-    /// "rich" (64), in a workload of whole-GPU pods of 8 cores.
-    fn poor_or_rich(poor_cores: u64, cpu_milli: u64, params: FgdPackParams) -> String {
+    /// "rich" (64), in a workload of whole-GPU pods of 8 cores and, as
+    /// often, CPU-only pods of `cpu_only_milli` (none when 0).
+    fn poor_or_rich(
+        poor_cores: u64,
+        cpu_milli: u64,
+        params: FgdPackParams,
+        cpu_only_milli: u64,
+    ) -> String {
         let poor = NodeCapacity {
             cpu_milli: poor_cores * 1000,
             memory_mib: 1 << 20,
@@ -414,6 +434,15 @@ mod tests {
             milli: 1000,
             types: vec![],
         });
+        if cpu_only_milli > 0 {
+            dist.observe(Shape {
+                cpu_milli: cpu_only_milli,
+                memory_mib: 0,
+                gpus: 0,
+                milli: 0,
+                types: vec![],
+            });
+        }
         let cfg = SchedulerConfig {
             node_policy: Policy::FgdPack,
             fgdpack: params,
@@ -438,8 +467,11 @@ mod tests {
             strand_left: 0.0,
             ..FgdPackParams::default()
         };
-        assert_eq!(poor_or_rich(32, 24_000, without), "poor");
-        assert_eq!(poor_or_rich(32, 24_000, FgdPackParams::default()), "rich");
+        assert_eq!(poor_or_rich(32, 24_000, without, 0), "poor");
+        assert_eq!(
+            poor_or_rich(32, 24_000, FgdPackParams::default(), 0),
+            "rich"
+        );
     }
 
     /// A whole-GPU pod of 8 cores: FGD's growth and the growth of stranded
@@ -453,8 +485,21 @@ mod tests {
             strand_left: 0.0,
             ..FgdPackParams::default()
         };
-        assert_eq!(poor_or_rich(16, 8000, without), "poor");
-        assert_eq!(poor_or_rich(16, 8000, FgdPackParams::default()), "rich");
+        assert_eq!(poor_or_rich(16, 8000, without, 0), "poor");
+        assert_eq!(poor_or_rich(16, 8000, FgdPackParams::default(), 0), "rich");
+    }
+
+    /// Where the whole workload asks more CPU than the nodes have for their
+    /// GPUs, some GPUs end stranded whatever the placement, and what a node
+    /// is left stranded with no longer counts: the one-GPU pod of the test
+    /// above packs onto "poor" again. Half the workload is CPU-only pods of
+    /// 4 cores: 12 cores per GPU pod, 96 for the 8 GPUs, against 80 cores.
+    /// At 1 core (72 cores) the nodes suffice and "rich" still wins.
+    #[test]
+    fn where_cpu_binds_the_cluster_the_stranded_capacity_left_does_not_count() {
+        let params = FgdPackParams::default();
+        assert_eq!(poor_or_rich(16, 8000, params, 4000), "poor");
+        assert_eq!(poor_or_rich(16, 8000, params, 1000), "rich");
     }
 
     /// Of three 8-GPU nodes only "big" (128 cores) can host the workload's

@@ -132,7 +132,8 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = FgdPackParams::default().strand)]
     pub fgdpack_strand: f64,
     /// fgdpack: weight of the GPU capacity the node's free CPU or memory cannot feed
-    /// once the pod is placed, added to the growth too (fgd: 0).
+    /// once the pod is placed, added to the growth too; not counted where the whole
+    /// workload asks more CPU or memory than the nodes have for their GPUs (fgd: 0).
     #[arg(long, default_value_t = FgdPackParams::default().strand_left)]
     pub fgdpack_strand_left: f64,
     /// fgdpack: growth (milli-GPU) counted for leaving a node unable to host a
