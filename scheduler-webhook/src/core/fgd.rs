@@ -318,11 +318,11 @@ fn typical_groups(dist: &ShapeDistribution, params: &FgdParams) -> Vec<Group> {
 }
 
 /// Whether the whole workload would ask more CPU or memory than the nodes
-/// have to fill all their GPUs: its CPU (memory) per milli-GPU, every pod
-/// counted (CPU-only ones too), times the milli-GPU of the nodes whose CPU
-/// and memory are tracked, at least their CPU (memory). Then CPU or memory,
-/// not GPUs, bound the cluster, and some GPUs end stranded whatever the
-/// placement.
+/// have to fill all their GPUs: its CPU (memory) per milli-GPU, every shape
+/// of `dist` counted (CPU-only ones too, where it has them), times the
+/// milli-GPU of the nodes whose CPU and memory are tracked, at least their
+/// CPU (memory). Then CPU or memory, not GPUs, bound the cluster, and some
+/// GPUs end stranded whatever the placement.
 fn hosts_bind(dist: &ShapeDistribution, cluster: &Cluster) -> bool {
     let (mut cpu, mut mem, mut milli) = (0.0, 0.0, 0.0);
     for (s, f) in dist.frequencies() {
@@ -758,10 +758,12 @@ impl FgdIndex {
         &self.guarded
     }
 
-    /// Whether the whole workload (CPU-only pods too) would ask more CPU or
-    /// memory than the nodes have to fill all their GPUs, so that CPU or
-    /// memory, not GPUs, bound the cluster; from the workload and the nodes
-    /// whose CPU and memory are tracked, when the index was built.
+    /// Whether the whole workload would ask more CPU or memory than the
+    /// nodes have to fill all their GPUs, so that CPU or memory, not GPUs,
+    /// bound the cluster; from the workload and the nodes whose CPU and
+    /// memory are tracked, when the index was built. `simulate`'s workload
+    /// holds the CPU-only pods too; `serve`'s holds GPU pods only, so there
+    /// only GPU pods' CPU and memory count.
     #[must_use]
     pub fn hosts_bind(&self) -> bool {
         self.hosts_bind
